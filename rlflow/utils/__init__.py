@@ -1,0 +1,1 @@
+"""Small shared utilities: device selection, seeding, logging, timers."""

