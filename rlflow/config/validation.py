@@ -1,0 +1,65 @@
+"""Check a composed Hydra config against its dataclass schema.
+
+Hydra YAML is untyped, so every entry point merges the composed config into the
+structured schema. A misspelled key or a value of the wrong type then fails at
+start-up with the full key name. Sub-trees whose schema depends on a value (an
+engine's options depend on ``engine.name``) are validated by a resolver that
+returns the dataclass for that node.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlflow.errors import UserError
+
+SubSchemaResolver = Callable[[DictConfig], type]
+
+
+class ConfigError(UserError, ValueError):
+    """A config value or key is wrong; the message names the full key and what to fix."""
+
+
+def _describe(error: OmegaConfBaseException, prefix: str) -> str:
+    key = getattr(error, "full_key", None) or ""
+    full_key = f"{prefix}.{key}" if prefix and key else (prefix or key)
+    message = str(error).split("\n")[0]
+    return f"config key '{full_key}': {message}" if full_key else f"config error: {message}"
+
+
+def _merge_into_schema(schema: type, node: Any, prefix: str) -> DictConfig:
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+    except OmegaConfBaseException as error:
+        raise ConfigError(_describe(error, prefix)) from None
+    OmegaConf.set_struct(merged, True)
+    return merged
+
+
+def validate_config(
+    cfg: DictConfig | dict,
+    schema: type,
+    sub_schemas: dict[str, SubSchemaResolver] | None = None,
+) -> DictConfig:
+    """Return ``cfg`` merged into ``schema`` (typed, struct-mode), raising ``ConfigError`` on a bad key or type.
+
+    ``sub_schemas`` maps a dotted path (e.g. ``"actor.engine"``) to a resolver that
+    picks the dataclass for that node from its contents. The schema field at such a
+    path should be typed ``Any`` so the top-level merge leaves it alone.
+    """
+    merged = _merge_into_schema(schema, cfg, "")
+    OmegaConf.set_struct(merged, False)
+    for path, resolver in (sub_schemas or {}).items():
+        node = OmegaConf.select(merged, path)
+        if node is None:
+            continue
+        if not isinstance(node, DictConfig):
+            raise ConfigError(f"config key '{path}': expected a mapping, got {node!r}")
+        typed = _merge_into_schema(resolver(node), node, path)
+        OmegaConf.update(merged, path, typed, merge=False)
+    OmegaConf.resolve(merged)
+    OmegaConf.set_struct(merged, True)
+    return merged
