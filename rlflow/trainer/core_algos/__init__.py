@@ -1,0 +1,124 @@
+"""The numerical core of RL post-training: advantages, policy/value/entropy losses, KL, aggregation.
+
+Pure torch on any device, no worker or Ray dependency. Names and signatures follow verl 0.9.1
+(``verl.trainer.ppo.core_algos``) so user code carries over. Every family is a registry:
+
+| family | register | look up | config key |
+|---|---|---|---|
+| advantage estimators | ``register_adv_est`` | ``get_adv_estimator_fn`` | ``algorithm.adv_estimator`` |
+| policy losses | ``register_policy_loss`` | ``get_policy_loss_fn`` | ``actor.policy_loss.loss_mode`` |
+| KL estimators | ``register_kl_estimator`` | ``kl_penalty`` | ``algorithm.kl_penalty``, ``actor.kl_loss_type`` |
+| aggregation modes | ``register_loss_agg_mode`` | ``agg_loss`` | ``actor.loss_agg_mode`` |
+| KL controllers | ``KL_CONTROLLER_REGISTRY`` | ``get_kl_controller`` | ``algorithm.kl_ctrl.type`` |
+
+See docs/algorithms.md for the formulas.
+"""
+
+from rlflow.trainer.core_algos.advantages import (
+    ADV_ESTIMATOR_REGISTRY,
+    AdvantageEstimator,
+    compute_advantage,
+    compute_gae_advantage_return,
+    compute_gpg_outcome_advantage,
+    compute_grpo_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    get_adv_estimator_fn,
+    register_adv_est,
+)
+from rlflow.trainer.core_algos.aggregation import (
+    GLOBAL_BATCH_INFO_KEYS,
+    LOSS_AGG_REGISTRY,
+    agg_loss,
+    loss_agg_modes,
+    register_loss_agg_mode,
+)
+from rlflow.trainer.core_algos.entropy import compute_entropy_loss, entropy_from_logits
+from rlflow.trainer.core_algos.kl import (
+    KL_ESTIMATOR_REGISTRY,
+    apply_kl_penalty,
+    compute_rewards,
+    kl_estimator_names,
+    kl_penalty,
+    register_kl_estimator,
+)
+from rlflow.trainer.core_algos.kl_control import (
+    KL_CONTROLLER_REGISTRY,
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    get_kl_controller,
+)
+from rlflow.trainer.core_algos.masked_ops import masked_mean, masked_sum, masked_var, masked_whiten
+from rlflow.trainer.core_algos.policy_losses import (
+    POLICY_LOSS_REGISTRY,
+    compute_policy_loss_cispo,
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
+    compute_policy_loss_kl_cov,
+    compute_policy_loss_sapo,
+    compute_policy_loss_vanilla,
+    get_policy_loss_fn,
+    register_policy_loss,
+)
+from rlflow.trainer.core_algos.ppo_clip import compute_policy_loss, ppo_clip_token_losses
+from rlflow.trainer.core_algos.registry import Registry
+from rlflow.trainer.core_algos.value import compute_value_loss
+
+__all__ = [
+    "ADV_ESTIMATOR_REGISTRY",
+    "GLOBAL_BATCH_INFO_KEYS",
+    "KL_CONTROLLER_REGISTRY",
+    "KL_ESTIMATOR_REGISTRY",
+    "LOSS_AGG_REGISTRY",
+    "POLICY_LOSS_REGISTRY",
+    "AdaptiveKLController",
+    "AdvantageEstimator",
+    "FixedKLController",
+    "KLController",
+    "Registry",
+    "agg_loss",
+    "apply_kl_penalty",
+    "compute_advantage",
+    "compute_entropy_loss",
+    "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage",
+    "compute_grpo_outcome_advantage",
+    "compute_opo_outcome_advantage",
+    "compute_policy_loss",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_geo_mean",
+    "compute_policy_loss_gpg",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_kl_cov",
+    "compute_policy_loss_sapo",
+    "compute_policy_loss_vanilla",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_rewards",
+    "compute_rloo_outcome_advantage",
+    "compute_value_loss",
+    "entropy_from_logits",
+    "get_adv_estimator_fn",
+    "get_kl_controller",
+    "get_policy_loss_fn",
+    "kl_estimator_names",
+    "kl_penalty",
+    "loss_agg_modes",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "ppo_clip_token_losses",
+    "register_adv_est",
+    "register_kl_estimator",
+    "register_loss_agg_mode",
+    "register_policy_loss",
+]

@@ -1,0 +1,270 @@
+"""Registered policy losses (``actor.policy_loss.loss_mode``).
+
+Every loss is called as ``fn(old_log_prob, log_prob, advantages, response_mask,
+loss_agg_mode, config) -> (loss, metrics)``; ``config`` is the actor config (any attribute
+object) and ``metrics`` maps ``actor/...`` names to floats. Aggregation uses the global
+counts in ``config.global_batch_info`` when the caller sets them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from rlflow.trainer.core_algos.aggregation import agg_loss
+from rlflow.trainer.core_algos.config_view import (
+    DEFAULT_CLIP_RATIO_C,
+    DEFAULT_TAU_NEG,
+    DEFAULT_TAU_POS,
+    aggregation_kwargs,
+    clip_bounds,
+    config_value,
+    policy_loss_value,
+)
+from rlflow.trainer.core_algos.masked_ops import as_float_mask, masked_mean, masked_sum
+from rlflow.trainer.core_algos.ppo_clip import LOG_RATIO_CLAMP, ppo_clip_token_losses
+from rlflow.trainer.core_algos.registry import Registry
+
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss", "actor.policy_loss.loss_mode")
+
+GSPO_LOG_RATIO_MAX = 10.0
+SEQUENCE_LEVEL_AGG_MODE = "seq-mean-token-mean"
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator registering a policy loss under ``name``."""
+    return POLICY_LOSS_REGISTRY.register(name)
+
+
+def get_policy_loss_fn(name: str) -> PolicyLossFn:
+    """The policy loss registered under ``name``; ``ValueError`` lists the valid names."""
+    return POLICY_LOSS_REGISTRY.get(name)
+
+
+def _metrics(**values: torch.Tensor | float) -> dict[str, float]:
+    return {f"actor/{key}": float(value) for key, value in values.items()}
+
+
+def _clamped_log_ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(log_prob - old_log_prob, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
+
+
+@register_policy_loss("vanilla")
+def compute_policy_loss_vanilla(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Dual-clip PPO with clip-higher (see ``ppo_clip``); keys ``clip_ratio*``."""
+    low, high = clip_bounds(config, "vanilla")
+    clip_ratio_c = config_value(config, "clip_ratio_c", DEFAULT_CLIP_RATIO_C)
+    terms = ppo_clip_token_losses(old_log_prob, log_prob, advantages, response_mask, low, high, clip_ratio_c)
+    loss = agg_loss(terms.token_losses, response_mask, loss_agg_mode, **aggregation_kwargs(config))
+    return loss, _metrics(pg_clipfrac=terms.clipfrac, ppo_kl=terms.ppo_kl, pg_clipfrac_lower=terms.clipfrac_lower)
+
+
+@register_policy_loss("gspo")
+def compute_policy_loss_gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = SEQUENCE_LEVEL_AGG_MODE,
+    config: Any = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO (arXiv:2507.18071): PPO clip on the length-normalized sequence ratio.
+
+    Token ratio ``s_i * pi(y_t) / sg(pi(y_t))`` with ``s_i = exp(mean_t log(pi/pi_old))`` (stop-gradient);
+    always aggregated ``seq-mean-token-mean``, as in verl.
+    """
+    low, high = clip_bounds(config, "gspo")
+    mask = as_float_mask(response_mask, log_prob)
+    log_ratio = log_prob - old_log_prob
+    sequence_log_ratio = masked_sum(log_ratio, mask, dim=-1) / mask.sum(dim=-1).clamp(min=1)
+    token_log_ratio = log_prob - log_prob.detach() + sequence_log_ratio.detach().unsqueeze(-1)
+    ratio = torch.exp(torch.clamp(token_log_ratio, max=GSPO_LOG_RATIO_MAX))
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    token_losses = torch.maximum(unclipped, clipped)
+    loss = agg_loss(token_losses, mask, SEQUENCE_LEVEL_AGG_MODE, **aggregation_kwargs(config))
+    return loss, _metrics(
+        pg_clipfrac=masked_mean((clipped > unclipped).to(mask.dtype), mask),
+        ppo_kl=masked_mean(-log_ratio, mask),
+        pg_clipfrac_lower=0.0,
+    )
+
+
+@register_policy_loss("sapo")
+def compute_policy_loss_sapo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = SEQUENCE_LEVEL_AGG_MODE,
+    config: Any = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """SAPO (arXiv:2511.20347): soft gate ``(4/tau) sigmoid(tau (r - 1))`` instead of a hard clip.
+
+    ``tau = tau_pos`` where ``A > 0`` else ``tau_neg``; always aggregated ``seq-mean-token-mean``, as in verl.
+    """
+    tau_pos = float(config_value(config, "tau_pos", DEFAULT_TAU_POS))
+    tau_neg = float(config_value(config, "tau_neg", DEFAULT_TAU_NEG))
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"sapo needs actor.tau_pos and actor.tau_neg > 0, got {tau_pos}, {tau_neg}")
+    log_ratio = _clamped_log_ratio(old_log_prob, log_prob)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    loss = agg_loss(-gate * advantages, response_mask, SEQUENCE_LEVEL_AGG_MODE, **aggregation_kwargs(config))
+    return loss, _metrics(pg_clipfrac=0.0, ppo_kl=masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
+
+
+@register_policy_loss("cispo")
+def compute_policy_loss_cispo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO (MiniMax-M1): ``-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log_prob``; every token keeps a gradient."""
+    low, high = clip_bounds(config, "cispo")
+    log_ratio = _clamped_log_ratio(old_log_prob, log_prob)
+    ratio = torch.exp(log_ratio)
+    weight = torch.clamp(ratio, 1.0 - low, 1.0 + high).detach()
+    token_losses = -weight * advantages * log_prob
+    loss = agg_loss(token_losses, response_mask, loss_agg_mode, **aggregation_kwargs(config))
+    return loss, _metrics(
+        pg_clipfrac=masked_mean((ratio != weight).to(ratio.dtype), response_mask),
+        ppo_kl=masked_mean(-log_ratio, response_mask),
+        pg_clipfrac_lower=0.0,
+    )
+
+
+@register_policy_loss("geo_mean")
+def compute_policy_loss_geo_mean(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GMPO (arXiv:2507.20673): clip each token's log-ratio, then use the geometric-mean sequence ratio.
+
+    Per sequence ``-mean_t(A) * exp(mean_t(sign(A) min(sign(A) d, sign(A) clip(d, -eps_low, eps_high))))``;
+    the mean over sequences ignores ``loss_agg_mode`` (sequence-level advantages only).
+    """
+    low, high = clip_bounds(config, "geo_mean")
+    mask = as_float_mask(response_mask, log_prob)
+    lengths = mask.sum(dim=-1).clamp(min=1)
+    log_ratio = log_prob - old_log_prob
+    clipped_log_ratio = torch.clamp(log_ratio, -low, high)
+    sign = torch.sign(advantages)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped_log_ratio)
+    sequence_ratio = torch.exp(masked_sum(pessimistic, mask, dim=-1) / lengths)
+    sequence_advantage = masked_sum(advantages, mask, dim=-1) / lengths
+    sequence_losses = (-sequence_advantage * sequence_ratio).unsqueeze(-1)
+    rows = torch.ones_like(sequence_losses)
+    loss = agg_loss(sequence_losses, rows, "seq-mean-token-sum", **aggregation_kwargs(config))
+    was_clipped = (log_ratio != clipped_log_ratio).to(mask.dtype)
+    return loss, _metrics(
+        pg_clipfrac=masked_mean(was_clipped * (advantages > 0), mask),
+        ppo_kl=masked_mean(-log_ratio, mask),
+        pg_clipfrac_lower=masked_mean(was_clipped * (advantages < 0), mask),
+    )
+
+
+@register_policy_loss("gpg")
+def compute_policy_loss_gpg(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GPG (arXiv:2504.02546): plain policy gradient ``-A * log_prob``, no ratio and no clip."""
+    loss = agg_loss(-advantages * log_prob, response_mask, loss_agg_mode, **aggregation_kwargs(config))
+    return loss, {}
+
+
+@register_policy_loss("clip_cov")
+def compute_policy_loss_clip_cov(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clip-Cov (arXiv:2505.22617): PPO clip, plus a random ``clip_cov_ratio`` share of the tokens
+    whose ``cov = (A - mean A)(log_prob - mean log_prob)`` lies in ``(clip_cov_lb, clip_cov_ub)``
+    lose their gradient. Keys ``actor.policy_loss.clip_cov_{ratio,lb,ub}``.
+    """
+    low, high = clip_bounds(config, "clip_cov")
+    cov_ratio = float(policy_loss_value(config, "clip_cov_ratio", 0.0002))
+    cov_lb = float(policy_loss_value(config, "clip_cov_lb", 1.0))
+    cov_ub = float(policy_loss_value(config, "clip_cov_ub", 5.0))
+    if cov_ratio <= 0:
+        raise ValueError(f"actor.policy_loss.clip_cov_ratio must be > 0, got {cov_ratio}")
+    valid = as_float_mask(response_mask, log_prob) > 0
+    log_ratio = log_prob - old_log_prob
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    with torch.no_grad():
+        cov = (advantages - masked_mean(advantages, valid)) * (log_prob - masked_mean(log_prob, valid))
+        candidates = valid & ~(clipped > unclipped) & (cov > cov_lb) & (cov < cov_ub)
+        candidate_idx = torch.nonzero(candidates.reshape(-1)).squeeze(-1)
+        num_detached = max(int(cov_ratio * int(valid.sum())), 1)
+        order = torch.randperm(candidate_idx.numel(), device=candidate_idx.device)
+        keep_gradient = torch.ones(valid.numel(), dtype=log_prob.dtype, device=log_prob.device)
+        keep_gradient[candidate_idx[order[:num_detached]]] = 0.0
+        keep_gradient = keep_gradient.reshape(valid.shape)
+    token_losses = torch.maximum(unclipped, clipped) * keep_gradient
+    loss = agg_loss(token_losses, response_mask, loss_agg_mode, **aggregation_kwargs(config))
+    return loss, _metrics(
+        pg_clipfrac=masked_mean((keep_gradient == 0).to(ratio.dtype), valid),
+        ppo_kl=masked_mean(-log_ratio, valid),
+    )
+
+
+@register_policy_loss("kl_cov")
+def compute_policy_loss_kl_cov(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """KL-Cov (arXiv:2505.22617): unclipped ``-A r``, plus ``ppo_kl_coef * |log r|`` on the top
+    ``kl_cov_ratio`` share of tokens by covariance. Keys ``actor.policy_loss.{kl_cov_ratio,ppo_kl_coef}``.
+    """
+    cov_ratio = float(policy_loss_value(config, "kl_cov_ratio", 0.0002))
+    kl_coef = float(policy_loss_value(config, "ppo_kl_coef", 1.0))
+    if cov_ratio <= 0:
+        raise ValueError(f"actor.policy_loss.kl_cov_ratio must be > 0, got {cov_ratio}")
+    valid = as_float_mask(response_mask, log_prob) > 0
+    log_ratio = log_prob - old_log_prob
+    token_losses = -advantages * torch.exp(log_ratio)
+    num_valid = int(valid.sum())
+    if num_valid > 0:
+        with torch.no_grad():
+            valid_idx = torch.nonzero(valid.reshape(-1)).squeeze(-1)
+            valid_adv = advantages.reshape(-1)[valid_idx]
+            valid_logp = log_prob.reshape(-1)[valid_idx]
+            cov = (valid_adv - valid_adv.mean()) * (valid_logp - valid_logp.mean())
+            top = torch.topk(cov, max(1, int(num_valid * cov_ratio))).indices
+            penalized = torch.zeros(valid.numel(), dtype=log_prob.dtype, device=log_prob.device)
+            penalized[valid_idx[top]] = 1.0
+        token_losses = token_losses + kl_coef * log_ratio.abs() * penalized.reshape(valid.shape)
+    loss = agg_loss(token_losses, response_mask, loss_agg_mode, **aggregation_kwargs(config))
+    return loss, _metrics(ppo_kl=masked_mean(log_ratio.abs(), valid))
