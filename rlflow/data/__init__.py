@@ -1,0 +1,1 @@
+"""Datasets for RL and SFT (verl's parquet/jsonl formats) and synthetic verifiable tasks."""

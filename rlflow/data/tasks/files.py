@@ -1,0 +1,49 @@
+"""Writing a synthetic task's RL and SFT parquet files."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rlflow.data.tasks.base import SyntheticTask
+from rlflow.data.tasks.splits import generate_splits, rl_row, sft_row
+
+RL_FILES = {"train": "train.parquet", "val": "val.parquet"}
+SFT_FILES = {"train": "sft_train.parquet", "val": "sft_val.parquet"}
+
+
+def write_task_files(task: SyntheticTask, out_dir: str | Path, n_train: int, n_val: int, seed: int) -> dict[str, Path]:
+    """Write train/val.parquet (verl RL format) and sft_train/sft_val.parquet (``messages``) to ``out_dir``.
+
+    Returns the written paths keyed ``train``, ``val``, ``sft_train``, ``sft_val``. Each file is
+    written to a temp name and renamed, so a crash never leaves a half-written parquet.
+    """
+    if n_train < 1 or n_val < 1:
+        raise ValueError(f"train and val must each have at least 1 example, got train={n_train} val={n_val}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train, val = generate_splits(task, n_train, n_val, seed)
+    splits = {"train": train, "val": val}
+    written: dict[str, Path] = {}
+    for split, examples in splits.items():
+        rl_rows = [rl_row(task, ex, split, i) for i, ex in enumerate(examples)]
+        sft_rows = [sft_row(task, ex, split, i) for i, ex in enumerate(examples)]
+        written[split] = _write_parquet(rl_rows, out / RL_FILES[split])
+        written[f"sft_{split}"] = _write_parquet(sft_rows, out / SFT_FILES[split])
+    return written
+
+
+def _write_parquet(rows: list[dict], path: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

@@ -1,0 +1,1 @@
+"""Models: the embedded tiny preset, the value-head model, and loaders for local HF checkpoint folders."""
