@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import sys
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from rlflow.models.tokenizer_builder import IM_END, PAD_TOKEN, train_tokenizer
@@ -111,9 +113,10 @@ def build_preset(
     return out
 
 
-def count_parameters(model: torch.nn.Module) -> int:
-    """Number of distinct parameters (tied weights counted once)."""
-    return sum(p.numel() for p in model.parameters())
+def count_saved_parameters(folder: str | Path) -> int:
+    """Number of parameters stored in ``folder/model.safetensors`` (read from its header only)."""
+    with safe_open(str(Path(folder) / "model.safetensors"), framework="pt") as weights:
+        return sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
 
 
 def _reuse_existing(out: Path, spec: dict[str, Any]) -> bool:
@@ -185,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileExistsError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    model = Qwen2ForCausalLM.from_pretrained(path, local_files_only=True)
-    print(f"preset size={args.size} seed={args.seed} params={count_parameters(model):,} path={path}")
+    print(f"preset size={args.size} seed={args.seed} params={count_saved_parameters(path):,} path={path}")
     return 0
 
 

@@ -1,0 +1,101 @@
+"""Checks and loaders for local Hugging Face checkpoint folders (never the hub).
+
+Every loader here passes ``local_files_only=True`` and first checks the folder itself, so a
+wrong path fails with a message that names the missing folder or file instead of a hub lookup.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    """A torch dtype from a name (``float32``/``fp32``, ``bfloat16``/``bf16``, ``float16``/``fp16``) or a dtype."""
+    if isinstance(name, torch.dtype):
+        return name
+    key = str(name).lower().removeprefix("torch.")
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}")
+    return DTYPES[key]
+
+
+def require_folder(path: str | Path, what: str) -> Path:
+    """``path`` as a Path if it is an existing directory, else FileNotFoundError saying what was expected."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"{what} folder {str(folder)!r} does not exist or is not a directory; rlflow loads local Hugging Face "
+            "folders only (build the embedded one with `python -m rlflow.models.presets --out DIR`)"
+        )
+    return folder
+
+
+def require_model_folder(path: str | Path) -> Path:
+    """Check that ``path`` holds config.json and model weights; FileNotFoundError names what is missing."""
+    folder = require_folder(path, "model")
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model folder {str(folder)!r} has no config.json")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise FileNotFoundError(f"model folder {str(folder)!r} has no weights (expected one of {list(WEIGHT_FILES)})")
+    return folder
+
+
+def require_tokenizer_folder(path: str | Path) -> Path:
+    """Check that ``path`` holds tokenizer files; FileNotFoundError names what is missing."""
+    folder = require_folder(path, "tokenizer")
+    if not (folder / "tokenizer_config.json").is_file() and not any((folder / n).is_file() for n in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"tokenizer folder {str(folder)!r} has no tokenizer files (expected tokenizer_config.json and one of "
+            f"{list(TOKENIZER_FILES)})"
+        )
+    return folder
+
+
+def load_causal_lm(
+    path: str | Path, dtype: str | torch.dtype = "float32", attn_implementation: str = "sdpa", **kwargs: Any
+) -> PreTrainedModel:
+    """An ``AutoModelForCausalLM`` from a local folder, in ``dtype``, with the given attention implementation."""
+    return _load_pretrained(AutoModelForCausalLM, path, dtype, attn_implementation, **kwargs)
+
+
+def load_backbone(
+    path: str | Path, dtype: str | torch.dtype = "float32", attn_implementation: str = "sdpa", **kwargs: Any
+) -> PreTrainedModel:
+    """The base transformer of a causal LM (``AutoModelForCausalLM(...).model``) without its LM head.
+
+    Loaded through ``AutoModel`` so the ``vocab x hidden`` LM head is never allocated; a causal-LM
+    checkpoint's ``model.`` prefix is stripped by transformers and its ``lm_head`` left unused.
+    """
+    return _load_pretrained(AutoModel, path, dtype, attn_implementation, **kwargs)
+
+
+def _load_pretrained(
+    auto_cls: type, path: str | Path, dtype: str | torch.dtype, attn_implementation: str, **kwargs: Any
+) -> PreTrainedModel:
+    folder = require_model_folder(path)
+    try:
+        return auto_cls.from_pretrained(
+            folder,
+            dtype=resolve_dtype(dtype),
+            attn_implementation=attn_implementation,
+            local_files_only=True,
+            **kwargs,
+        )
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"could not load a model from {str(folder)!r} with {auto_cls.__name__}: {err}") from err

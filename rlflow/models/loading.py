@@ -1,0 +1,60 @@
+"""Loaders for local Hugging Face folders: the one place engines, rollouts and roles load models from.
+
+- ``load_causal_lm(path, dtype, attn_implementation)``: an ``AutoModelForCausalLM``;
+- ``load_value_model(path, dtype, attn_implementation)``: a ``ValueHeadModel`` (critic, reward model);
+- ``load_tokenizer(path)``: an ``AutoTokenizer`` with a pad token guaranteed;
+- ``resolve_dtype(name)``: ``"bf16"`` -> ``torch.bfloat16`` and friends.
+
+Nothing is looked up on the hub (``local_files_only=True``); a missing folder or file raises
+FileNotFoundError naming it, and an unreadable one ValueError.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from rlflow.models.hf_checkpoint import (
+    DTYPES,
+    load_backbone,
+    load_causal_lm,
+    require_model_folder,
+    require_tokenizer_folder,
+    resolve_dtype,
+)
+from rlflow.models.value_head import ValueHeadModel
+
+__all__ = [
+    "DTYPES",
+    "ValueHeadModel",
+    "load_backbone",
+    "load_causal_lm",
+    "load_tokenizer",
+    "load_value_model",
+    "require_model_folder",
+    "resolve_dtype",
+]
+
+
+def load_tokenizer(path: str | Path, **kwargs: Any) -> PreTrainedTokenizerBase:
+    """An ``AutoTokenizer`` from a local folder; if it has no pad token, the EOS token is used as pad."""
+    folder = require_tokenizer_folder(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"could not load a tokenizer from {str(folder)!r}: {err}") from err
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer in {str(folder)!r} has neither a pad nor an eos token; add one of them")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_value_model(
+    path: str | Path, dtype: str | torch.dtype = "float32", attn_implementation: str = "sdpa", **kwargs: Any
+) -> ValueHeadModel:
+    """A ``ValueHeadModel``: backbone from ``path``, head from its ``value_head.safetensors`` or freshly initialised."""
+    return ValueHeadModel.from_pretrained(path, torch_dtype=dtype, attn_implementation=attn_implementation, **kwargs)
