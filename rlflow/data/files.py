@@ -1,0 +1,89 @@
+"""Finding and reading dataset files: parquet and json lines, given as files or folders, local only.
+
+Each file's rows are parsed one by one, so every error names the file and the row index
+inside it. A folder stands for the dataset files directly inside it (sorted by name, so the
+order is stable).
+
+Parquet is read with HF ``datasets``. JSON lines are read with the standard library:
+``datasets``' json builder casts a column whose rows disagree in type to strings (and fails
+outright on a column missing from some rows), which would blame the wrong row for a bad
+value; the standard library keeps each row exactly as written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterable, TypeVar
+
+from rlflow.errors import DataError
+
+RowT = TypeVar("RowT")
+RowParser = Callable[[dict[str, Any], Path, int], RowT]
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        table = datasets.load_dataset("parquet", data_files=str(path), split="train", keep_in_memory=True)
+    except Exception as error:  # noqa: BLE001 - any reader failure becomes a DataError naming the file
+        raise DataError(f"data file {path}: cannot be read as parquet ({type(error).__name__}: {error})") from None
+    return table.to_list()
+
+
+def _read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """Rows of a json-lines file (or of a ``.json`` file holding one list of objects)."""
+    text = path.read_text()
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        rows = json.loads(text)
+    else:
+        rows = []
+        for line_number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise DataError(f"data file {path}: line {line_number} is not valid JSON ({error})") from None
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"data file {path}, row {index}: expected a JSON object, got {type(row).__name__}")
+    return rows
+
+
+# File suffix -> the function that reads its rows.
+READERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
+    ".parquet": _read_parquet,
+    ".jsonl": _read_json_lines,
+    ".json": _read_json_lines,
+}
+
+
+def resolve_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Expand files and folders into the list of dataset files; a missing path raises ``DataError``."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for entry in paths:
+        path = Path(entry).expanduser()
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.suffix in READERS and p.is_file())
+            if not found:
+                raise DataError(f"data folder {path} holds no {'/'.join(READERS)} files")
+            files.extend(found)
+        elif path.is_file():
+            if path.suffix not in READERS:
+                raise DataError(f"data file {path}: unsupported format {path.suffix!r}; use one of {sorted(READERS)}")
+            files.append(path)
+        else:
+            raise DataError(f"data file {path} does not exist (check data.train_files / data.val_files)")
+    if not files:
+        raise DataError("no data files given (data.train_files / data.val_files is empty)")
+    return files
+
+
+def read_rows(path: Path, parse_row: RowParser[RowT]) -> list[RowT]:
+    """Every row of one file passed through ``parse_row(row, path, index)`` (which raises ``DataError`` for a bad row)."""
+    return [parse_row(row, path, index) for index, row in enumerate(READERS[path.suffix](path))]

@@ -1,0 +1,60 @@
+"""Truncation policies for sequences longer than their token budget.
+
+A policy maps (length, budget) to the slice of tokens to keep, or to ``None`` to drop the
+sample; ``error`` raises ``OverlongError``. The same slice is applied to every per-token list
+of a sample (ids, loss mask), so they stay aligned.
+
+| policy | over-long sample |
+|---|---|
+| ``error``  | raises (the dataset turns it into a ``DataError`` naming file and row) |
+| ``left``   | keeps the last ``budget`` tokens (drops the start) |
+| ``right``  | keeps the first ``budget`` tokens (drops the end) |
+| ``filter`` | drops the sample (RL prompts only) |
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from rlflow.config import ConfigError
+
+
+class OverlongError(ValueError):
+    """A sample exceeds its token budget under the ``error`` policy."""
+
+
+def _error(length: int, budget: int) -> Optional[slice]:
+    raise OverlongError(f"{length} tokens exceed the limit of {budget}")
+
+
+def _left(length: int, budget: int) -> Optional[slice]:
+    return slice(length - budget, length)
+
+
+def _right(length: int, budget: int) -> Optional[slice]:
+    return slice(0, budget)
+
+
+def _drop(length: int, budget: int) -> Optional[slice]:
+    return None
+
+
+TRUNCATION_POLICIES: dict[str, Callable[[int, int], Optional[slice]]] = {
+    "error": _error,
+    "left": _left,
+    "right": _right,
+    "filter": _drop,
+}
+
+
+def check_policy(policy: str, allowed: tuple[str, ...], key: str = "data.truncation") -> None:
+    """Raise ``ConfigError`` naming ``key`` and the allowed policies if ``policy`` is not one of them."""
+    if policy not in allowed:
+        raise ConfigError(f"config key {key!r}: must be one of {list(allowed)}, got {policy!r}")
+
+
+def keep_slice(length: int, budget: int, policy: str) -> Optional[slice]:
+    """The tokens to keep of a ``length``-token sample (all of them when it fits), or None to drop it."""
+    if length <= budget:
+        return slice(0, length)
+    return TRUNCATION_POLICIES[policy](length, budget)
