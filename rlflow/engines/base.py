@@ -1,0 +1,194 @@
+"""The engine contract: what every training/inference engine offers the roles.
+
+An engine knows a model, its parallelism and its optimizer, and nothing about RL.
+Roles (actor, critic, reference, reward model) are written once against
+``BaseEngine``; the caller owns the loop (Tinker-style): it calls
+``forward_backward`` once per mini-batch and ``optim_step`` once per optimizer step.
+
+Batch layout (``DataProto.batch``), all ``[B, T]`` and aligned on tokens:
+
+* ``input_ids`` (long), ``attention_mask`` (1 = real token; left and/or right padding);
+* ``position_ids`` (optional; default ``cumsum(attention_mask) - 1``);
+* ``loss_mask`` (needed whenever a ``loss_fn`` is given): which tokens the loss covers.
+
+``meta_info`` may carry ``temperature`` (default 1.0) and ``compute_entropy`` (default False).
+
+Per-token outputs, ``[B, T]`` in the input order, zero where undefined:
+
+* ``log_probs[b, t]`` = log p(input_ids[b, t] | input_ids[b, :t]) / temperature-scaled logits
+  (the log-prob *of* token t, so it lines up with ``loss_mask``; 0 at each sequence's first token);
+* ``entropy[b, t]`` = entropy of the distribution that token t was drawn from (only when requested);
+* ``values[b, t]`` = the value head's output at token t (value models; the state after token t).
+
+The loss function contract is in ``LossContext``/``LossFn`` below and in docs/engines.md.
+"""
+
+from __future__ import annotations
+
+import abc
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterator, Optional
+
+import torch
+
+from rlflow.engines.config import EngineConfig
+from rlflow.protocol import DataProto
+
+__all__ = ["BaseEngine", "EngineMesh", "LossContext", "LossFn"]
+
+
+@dataclass(frozen=True)
+class EngineMesh:
+    """Where this process sits in the engine's data-parallel layout (used by mesh dispatch).
+
+    Every rank of one DP group receives the same chunk (``dp_rank``); the controller
+    concatenates the outputs of the ``is_collect`` ranks in ``dp_rank`` order.
+    """
+
+    dp_rank: int
+    dp_size: int
+    is_collect: bool
+
+
+@dataclass(frozen=True)
+class LossContext:
+    """Global facts about the mini-batch that a micro-batch loss needs to be scaled correctly.
+
+    Counts are over the WHOLE mini-batch: every micro-batch on every DP rank.
+
+    * ``global_num_tokens``: sum of ``loss_mask`` (verl's ``batch_num_tokens``);
+    * ``global_num_seqs``: rows (sequences) in the mini-batch (verl's ``global_batch_size``);
+    * ``dp_size``: ranks whose gradients the engine averages.
+
+    The engine backprops the loss that ``loss_fn`` returns unchanged, and its gradient
+    reduction AVERAGES over ``dp_size`` ranks. So a micro-batch must return
+
+        loss_mb = dp_size * (contribution of its tokens to the global mini-batch loss)
+
+    e.g. token-mean: ``dp_size * sum(l * mask) / global_num_tokens``;
+    seq-mean-token-mean: ``dp_size * sum_seq(mean_t l) / global_num_seqs``.
+    Summed over micro-batches and averaged over ranks, the gradient is then exactly
+    the gradient of the global loss, whatever the micro-batch split. This is the
+    convention of verl's ``agg_loss(..., dp_size, batch_num_tokens, global_batch_size)``,
+    which can be called with these fields directly.
+    """
+
+    global_num_tokens: int
+    global_num_seqs: int
+    dp_size: int
+    num_micro_batches: int
+    micro_batch_index: int
+
+
+LossFn = Callable[[dict[str, torch.Tensor], DataProto, LossContext], "tuple[torch.Tensor, dict[str, float]]"]
+"""``loss_fn(outputs, micro_batch, ctx) -> (loss, metrics)``.
+
+``outputs`` are the micro-batch's per-token model outputs (``[b, T]``, same rows and
+columns as ``micro_batch``, differentiable); ``micro_batch`` is the DataProto slice
+(all keys the caller put in, e.g. advantages, old_log_probs); ``ctx`` is a ``LossContext``.
+``loss`` is a scalar scaled as ``LossContext`` describes; ``metrics`` are floats
+averaged over this rank's micro-batches.
+"""
+
+
+class BaseEngine(abc.ABC):
+    """Abstract engine: build, run and update one model under one parallel layout.
+
+    Subclasses register with ``@EngineRegistry.register("name")`` and set
+    ``config_class`` to their ``EngineConfig`` subclass. Construction is cheap;
+    ``initialize()`` does the heavy work, so a Ray worker can build then initialize.
+    All methods except ``mesh`` are collective: every rank of the engine calls them
+    in the same order.
+    """
+
+    config_class: ClassVar[type[EngineConfig]] = EngineConfig
+
+    def __init__(self, config: EngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
+        """``model_path``: a local HF folder. ``model_kind``: ``causal_lm`` (outputs log_probs,
+        entropy) or ``value`` (a value-head model; outputs values)."""
+        self.config = config
+        self.model_path = Path(model_path)
+        self.model_kind = model_kind
+
+    @abc.abstractmethod
+    def initialize(self) -> None:
+        """Load the model from ``model_path``, wrap it for parallelism, build optimizer and LR schedule."""
+
+    @abc.abstractmethod
+    def forward_backward(
+        self, batch: DataProto, loss_fn: Optional[LossFn] = None, forward_only: bool = False
+    ) -> tuple[DataProto, dict[str, Any]]:
+        """Run ``batch`` (this rank's share of a mini-batch) in micro-batches.
+
+        Splits by ``micro_batch_size`` or, with ``use_dynamic_bsz``, by the token budget
+        (balanced; every DP rank runs the same number of micro-batches); packs each
+        micro-batch without padding when ``use_remove_padding``. For each micro-batch it
+        calls ``loss_fn(outputs, micro_batch, ctx)`` and, unless ``forward_only``,
+        backprops the returned loss (gradients accumulate until ``optim_step``).
+
+        Returns ``(outputs, metrics)``: ``outputs`` a DataProto of detached per-token
+        tensors (``log_probs`` [+ ``entropy``] or ``values``) in the input row order;
+        ``metrics`` with ``loss`` (the global mini-batch loss, identical on all ranks),
+        the global counts, and the loss_fn's metrics averaged over micro-batches.
+        """
+
+    @abc.abstractmethod
+    def optim_step(self, lr: Optional[float] = None) -> dict[str, Any]:
+        """Clip, step and zero the gradients, then advance the LR schedule by one step.
+
+        ``lr`` replaces the scheduled learning rate for this one step only. When the
+        gradient norm is not finite the update is skipped (gradients are dropped) and
+        counted. Returns ``{"grad_norm", "lr", "skipped", "skipped_steps"}``.
+        """
+
+    @abc.abstractmethod
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients without stepping."""
+
+    @abc.abstractmethod
+    def train_mode(self) -> AbstractContextManager[None]:
+        """Context manager: modules in training mode (dropout on) inside, previous mode restored after."""
+
+    @abc.abstractmethod
+    def eval_mode(self) -> AbstractContextManager[None]:
+        """Context manager: modules in eval mode inside, previous mode restored after."""
+
+    @abc.abstractmethod
+    def offload(self) -> None:
+        """Move parameters, gradients and optimizer state to host memory (frees the accelerator)."""
+
+    @abc.abstractmethod
+    def onload(self) -> None:
+        """Move everything ``offload`` moved back to the compute device."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Write a resumable checkpoint (model, optimizer, LR schedule, RNG, step) atomically to ``path``."""
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore a checkpoint written by ``save_checkpoint`` under the same world size and layout.
+
+        Raises ``rlflow.errors.CheckpointError`` when ``path`` holds no complete checkpoint or
+        the layout differs (the message lists what differs).
+        """
+
+    @abc.abstractmethod
+    def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(hf_name, full_tensor)`` one tensor at a time, on every rank, in the same order.
+
+        Names are those of the HF checkpoint the model came from (tied weights once).
+        Memory stays bounded by one full tensor (or one sharding unit).
+        """
+
+    @abc.abstractmethod
+    def save_hf(self, path: str | Path) -> None:
+        """Write an HF folder (weights, config, tokenizer files of the source folder) that
+        ``AutoModelForCausalLM`` / ``AutoTokenizer`` load. Rank 0 writes; all ranks must call."""
+
+    @property
+    @abc.abstractmethod
+    def mesh(self) -> EngineMesh:
+        """This rank's ``EngineMesh`` (dp_rank, dp_size, is_collect)."""

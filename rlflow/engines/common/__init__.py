@@ -1,0 +1,1 @@
+"""Machinery shared by every engine: batching, packing, log-probs, loss scaling, optimizers, checkpoints."""

@@ -1,0 +1,91 @@
+"""Write exported ``(hf_name, tensor)`` pairs as a Hugging Face folder, a shard at a time.
+
+Tensors are buffered up to ``shard_bytes`` and written as ``model-0000i-of-0000n``
+safetensors files with an index (one ``model.safetensors`` when it fits in one shard).
+Names matching a model kind's side-file prefix (the value head) go to their own file.
+The non-weight files of the source folder (config, tokenizer, chat template,
+generation config) are copied, and the folder appears atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+from safetensors.torch import save_file
+
+from rlflow.engines.common.models import source_files_to_copy
+
+__all__ = ["write_hf_folder"]
+
+_SHARD_BYTES = 2 * 1024**3
+
+
+class _ShardWriter:
+    """Buffers tensors and flushes numbered shards of one weights file family."""
+
+    def __init__(self, folder: Path, stem: str, shard_bytes: int) -> None:
+        self.folder, self.stem, self.shard_bytes = folder, stem, shard_bytes
+        self.buffer: dict[str, torch.Tensor] = {}
+        self.buffer_bytes = 0
+        self.shards: list[str] = []
+        self.weight_map: dict[str, str] = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        if self.buffer and self.buffer_bytes + nbytes > self.shard_bytes:
+            self.flush()
+        self.buffer[name] = tensor.detach().to("cpu").contiguous()
+        self.buffer_bytes += nbytes
+
+    def flush(self) -> None:
+        if not self.buffer:
+            return
+        temp_name = f".{self.stem}-part{len(self.shards)}.safetensors"
+        save_file(self.buffer, str(self.folder / temp_name), metadata={"format": "pt"})
+        self.shards.append(temp_name)
+        self.weight_map.update({name: temp_name for name in self.buffer})
+        self.buffer, self.buffer_bytes = {}, 0
+
+    def finish(self) -> None:
+        """Rename the parts to their final names; write an index when there are several."""
+        self.flush()
+        total = len(self.shards)
+        if total == 1:
+            os.replace(self.folder / self.shards[0], self.folder / f"{self.stem}.safetensors")
+            return
+        final_names = {part: f"{self.stem}-{i + 1:05d}-of-{total:05d}.safetensors" for i, part in enumerate(self.shards)}
+        for part, final in final_names.items():
+            os.replace(self.folder / part, self.folder / final)
+        index = {"metadata": {}, "weight_map": {name: final_names[part] for name, part in sorted(self.weight_map.items())}}
+        (self.folder / f"{self.stem}.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def write_hf_folder(
+    out_dir: str | Path,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    source_folder: Path,
+    weight_file_of: Callable[[str], str],
+    shard_bytes: int = _SHARD_BYTES,
+) -> Path:
+    """Write ``named_tensors`` plus the source folder's config/tokenizer files to ``out_dir`` atomically."""
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    writers: dict[str, _ShardWriter] = {}
+    for name, tensor in named_tensors:
+        stem = weight_file_of(name).removesuffix(".safetensors")
+        writers.setdefault(stem, _ShardWriter(tmp, stem, shard_bytes)).add(name, tensor)
+    for writer in writers.values():
+        writer.finish()
+    for file in source_files_to_copy(source_folder):
+        shutil.copy2(file, tmp / file.name)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,124 @@
+"""Model kinds an engine can host, and the forward modules engines shard.
+
+A model kind says how to load the model (always through ``rlflow.models.loading``, the
+same path as any checkpoint), how to turn one ``TokenStream`` into per-token outputs,
+and how its weights are laid out in an HF folder. Engines shard the *forward module*
+(``HFForwardModule`` subclasses): a thin ``nn.Module`` whose ``.model`` is the HF model,
+so parameter names are ``"model." + hf_name``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from rlflow.engines.common.logprob import chunked_log_probs
+from rlflow.engines.common.packing import TokenStream
+from rlflow.models.loading import load_causal_lm, load_value_model
+from rlflow.models.value_head import VALUE_HEAD_FILE, VALUE_HEAD_PREFIX
+
+__all__ = ["FORWARD_PREFIX", "MODEL_KINDS", "ModelKind", "decoder_layer_classes", "get_model_kind", "source_files_to_copy"]
+
+FORWARD_PREFIX = "model."
+
+
+class HFForwardModule(nn.Module):
+    """Base of the modules engines shard: holds the HF model as ``self.model``."""
+
+    def __init__(self, model: nn.Module, logprob_chunk_size: int) -> None:
+        super().__init__()
+        self.model = model
+        self.logprob_chunk_size = logprob_chunk_size
+
+
+class CausalLMForward(HFForwardModule):
+    """Backbone -> hidden states -> chunked log-probs (and entropy) of each next token in the stream."""
+
+    def forward(self, stream: TokenStream, temperature: float, compute_entropy: bool) -> dict[str, torch.Tensor]:
+        hidden = self.model.base_model(
+            input_ids=stream.input_ids,
+            attention_mask=stream.attention_mask,
+            position_ids=stream.position_ids,
+            use_cache=False,
+        ).last_hidden_state
+        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, stream.source_index)
+        log_probs, entropy = chunked_log_probs(
+            hidden,
+            self.model.get_output_embeddings(),
+            stream.labels,
+            temperature=temperature,
+            chunk_size=self.logprob_chunk_size,
+            compute_entropy=compute_entropy,
+        )
+        outputs = {"log_probs": _place(log_probs, stream)}
+        if entropy is not None:
+            outputs["entropy"] = _place(entropy, stream)
+        return outputs
+
+
+class ValueForward(HFForwardModule):
+    """Value-head model: one scalar per stream token."""
+
+    def forward(self, stream: TokenStream, temperature: float, compute_entropy: bool) -> dict[str, torch.Tensor]:
+        values = self.model(stream.input_ids, attention_mask=stream.attention_mask, position_ids=stream.position_ids)
+        return {"values": stream.to_rows(values.reshape(-1))}
+
+
+def _place(per_target: torch.Tensor, stream: TokenStream) -> torch.Tensor:
+    """Values computed at ``source_index`` belong to the predicted token at ``target_index``."""
+    flat = per_target.new_zeros(stream.input_ids.numel())
+    return stream.to_rows(flat.index_put((stream.target_index,), per_target))
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """How one kind of model is loaded, run and written as an HF folder."""
+
+    load: Callable[..., nn.Module]
+    forward_cls: type[HFForwardModule]
+    output_keys: tuple[str, ...]
+    side_files: dict[str, str]  # HF-name prefix -> safetensors file written beside the weights
+
+    def weight_file(self, hf_name: str) -> str:
+        for prefix, filename in self.side_files.items():
+            if hf_name.startswith(prefix):
+                return filename
+        return "model.safetensors"
+
+
+MODEL_KINDS: dict[str, ModelKind] = {
+    "causal_lm": ModelKind(load_causal_lm, CausalLMForward, ("log_probs", "entropy"), {}),
+    "value": ModelKind(load_value_model, ValueForward, ("values",), {VALUE_HEAD_PREFIX: VALUE_HEAD_FILE}),
+}
+
+
+def get_model_kind(name: str) -> ModelKind:
+    """The registered ``ModelKind`` called ``name``."""
+    if name not in MODEL_KINDS:
+        raise ValueError(f"unknown model kind {name!r}; kinds: {sorted(MODEL_KINDS)}")
+    return MODEL_KINDS[name]
+
+
+def decoder_layer_classes(module: nn.Module, names: list[str]) -> set[type[nn.Module]]:
+    """Classes to shard one-per-instance: ``names`` if given, else the HF models' ``_no_split_modules``."""
+    wanted = set(names) or {n for m in module.modules() for n in (getattr(m, "_no_split_modules", None) or [])}
+    found = {type(m) for m in module.modules() if type(m).__name__ in wanted}
+    missing = wanted - {cls.__name__ for cls in found}
+    if not found or (names and missing):
+        raise ValueError(
+            f"no modules of class {sorted(missing or wanted)} in the model; set the engine's wrap_layer_classes "
+            f"to decoder-layer class names of {type(module).__name__}"
+        )
+    return found
+
+
+def source_files_to_copy(model_path: Path) -> list[Path]:
+    """Files of the source HF folder that an exported folder keeps (config, tokenizer, chat template ...)."""
+    weights = (".safetensors", ".bin", ".pt", ".pth")
+    return [
+        p for p in sorted(model_path.iterdir()) if p.is_file() and not p.name.endswith(weights) and "index.json" not in p.name
+    ]

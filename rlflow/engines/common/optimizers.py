@@ -1,0 +1,57 @@
+"""Optimizer construction and optimizer-state placement.
+
+AdamW with two parameter groups: weights of dimension >= 2 (linear layers,
+embeddings) decay; biases and normalization weights (1-D) do not. The split is
+decided on the unwrapped model, by name, because sharding wrappers may flatten
+parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from rlflow.engines.config import OptimizerConfig
+
+__all__ = ["build_adamw", "clean_param_name", "move_optimizer_state", "no_decay_names"]
+
+_WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def clean_param_name(name: str) -> str:
+    """A parameter name without sharding/checkpoint/compile wrapper components."""
+    for part in _WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name
+
+
+def no_decay_names(module: nn.Module) -> set[str]:
+    """Names (as in ``module.named_parameters()``) of 1-D parameters: biases and norm weights."""
+    return {name for name, param in module.named_parameters() if param.ndim < 2}
+
+
+def build_adamw(
+    named_params: Iterable[tuple[str, nn.Parameter]], no_decay: set[str], config: OptimizerConfig
+) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; names (cleaned) in ``no_decay`` get weight_decay 0."""
+    decay, skip = [], []
+    for name, param in named_params:
+        if param.requires_grad:
+            (skip if clean_param_name(name) in no_decay else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": skip, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=config.lr, betas=tuple(config.betas), eps=config.eps
+    )
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move the optimizer's moment tensors to ``device`` (the ``step`` counter stays where torch keeps it)."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if key != "step" and isinstance(value, torch.Tensor) and value.device != device:
+                state[key] = value.to(device, non_blocking=True)

@@ -1,0 +1,109 @@
+"""Typed configuration shared by every engine.
+
+Each engine class names its own dataclass (``config_class``), a subclass of
+``EngineConfig`` that adds the engine's parallelism options. A Hydra node for an
+engine (``configs/engine/<name>.yaml``, mounted at ``actor.engine`` ...) is checked
+against that dataclass, so a misspelled key fails at start-up with its name.
+The model folder is not part of this config: it comes from the role that builds
+the engine (``build_engine(config, model_path=...)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlflow.errors import UserError
+
+__all__ = ["EngineConfig", "EngineConfigError", "LRSchedulerConfig", "OptimizerConfig", "config_from_mapping"]
+
+
+class EngineConfigError(UserError, ValueError):
+    """An engine option is unknown, mistyped or out of range; the message names the key."""
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW settings. Weight decay never applies to biases and normalization weights."""
+
+    lr: float = 1e-6
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0  # max global grad norm; <= 0 measures the norm without clipping
+
+
+@dataclass
+class LRSchedulerConfig:
+    """Learning-rate schedule: linear warmup, then a registered decay shape."""
+
+    name: str = "constant"  # constant | linear | cosine (rlflow.engines.common.lr_schedulers)
+    warmup_steps: int = 0  # step s < warmup_steps runs at lr * (s + 1) / warmup_steps
+    min_lr_ratio: float = 0.0  # decay floor as a fraction of lr
+    total_steps: int = 0  # optimizer steps in the run; linear/cosine decay needs it > warmup_steps
+
+
+@dataclass
+class EngineConfig:
+    """Options every engine understands: device, dtypes, optimizer, schedule, batching, offload."""
+
+    name: str = "???"
+    device: str = "auto"  # auto | cpu | cuda (rlflow.utils.device)
+    dtype: str = "float32"  # storage dtype of the (master) weights and optimizer state
+    param_dtype: str = "float32"  # compute dtype; bfloat16 with dtype=float32 is mixed precision
+    reduce_dtype: str = "float32"  # dtype of the gradient reduction across data-parallel ranks
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 | flex_attention
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    lr_scheduler: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)
+    micro_batch_size: int = 4  # sequences per forward/backward when use_dynamic_bsz is false
+    use_dynamic_bsz: bool = False  # size micro-batches by a token budget instead of a sequence count
+    max_token_len_per_micro_batch: int = 4096  # token budget of one micro-batch (use_dynamic_bsz)
+    use_remove_padding: bool = True  # pack a micro-batch's valid tokens into one row (no padding compute)
+    logprob_chunk_size: int = 1024  # tokens per chunk when turning hidden states into log-probs
+    gradient_checkpointing: bool = False  # recompute decoder-layer activations in backward
+    param_offload: bool = False  # keep parameters and grads in host memory between engine calls
+    optimizer_offload: bool = False  # keep optimizer state in host memory between optimizer steps
+    seed: int = 0  # base seed; rank r seeds torch/numpy/python with seed + r
+
+
+ConfigT = TypeVar("ConfigT", bound=EngineConfig)
+
+
+def config_from_mapping(config_class: type[ConfigT], values: Mapping[str, Any] | Any) -> ConfigT:
+    """Build ``config_class`` from a dict / DictConfig / dataclass, rejecting unknown keys and wrong types."""
+    if isinstance(values, config_class):
+        return values
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(config_class), values)
+        config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", "") or ""
+        message = str(error).split("\n")[0]
+        raise EngineConfigError(f"engine config key '{key}' ({config_class.__name__}): {message}") from None
+    _check_ranges(config)
+    return config
+
+
+def _check_ranges(config: EngineConfig) -> None:
+    checks = {
+        "micro_batch_size": config.micro_batch_size >= 1,
+        "max_token_len_per_micro_batch": config.max_token_len_per_micro_batch >= 1,
+        "logprob_chunk_size": config.logprob_chunk_size >= 1,
+        "optimizer.lr": config.optimizer.lr >= 0,
+        "optimizer.betas": len(config.optimizer.betas) == 2,
+        "lr_scheduler.warmup_steps": config.lr_scheduler.warmup_steps >= 0,
+        "lr_scheduler.min_lr_ratio": 0.0 <= config.lr_scheduler.min_lr_ratio <= 1.0,
+    }
+    bad = [key for key, ok in checks.items() if not ok]
+    if bad:
+        detail = ", ".join(f"{key}={_lookup(config, key)!r}" for key in bad)
+        raise EngineConfigError(f"engine config values out of range: {detail}")
+
+
+def _lookup(config: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        config = getattr(config, part)
+    return config

@@ -1,0 +1,101 @@
+"""``fsdp``: FullyShardedDataParallel (FSDP1) with ``use_orig_params=True``.
+
+Each decoder layer is one FSDP unit (``ModuleWrapPolicy``) and the root module
+another. ``use_orig_params`` keeps the original parameter names and objects, so the
+optimizer's decay/no-decay split and DCP state dicts see HF names. Checkpoints are
+sharded DCP state dicts; HF export gathers one FSDP unit at a time
+(``summon_full_params(recurse=False)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+from rlflow.engines.common.models import HFForwardModule, decoder_layer_classes
+from rlflow.engines.common.module_engine import ModuleEngine
+from rlflow.engines.config import EngineConfig, EngineConfigError
+from rlflow.engines.registry import EngineRegistry
+from rlflow.models.loading import resolve_dtype
+
+__all__ = ["FSDPEngine", "FSDPEngineConfig"]
+
+_STRATEGIES = {
+    "FULL_SHARD": ShardingStrategy.FULL_SHARD,
+    "SHARD_GRAD_OP": ShardingStrategy.SHARD_GRAD_OP,
+    "NO_SHARD": ShardingStrategy.NO_SHARD,
+}
+
+
+@dataclass
+class FSDPEngineConfig(EngineConfig):
+    """Options of the ``fsdp`` (FSDP1) engine (configs/engine/fsdp.yaml)."""
+
+    name: str = "fsdp"
+    sharding_strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD
+    forward_prefetch: bool = False  # issue the next unit's all-gather before the current forward finishes
+    wrap_layer_classes: list[str] = field(default_factory=list)  # per-layer units; empty: the model's _no_split_modules
+
+
+@EngineRegistry.register("fsdp")
+class FSDPEngine(ModuleEngine):
+    """FSDP1 engine: per-layer FSDP units, original parameters exposed."""
+
+    config_class = FSDPEngineConfig
+    config: FSDPEngineConfig
+
+    def _parallelize(self, module: HFForwardModule) -> nn.Module:
+        cfg = self.config
+        if cfg.sharding_strategy not in _STRATEGIES:
+            raise EngineConfigError(f"sharding_strategy={cfg.sharding_strategy!r}; choose one of {sorted(_STRATEGIES)}")
+        param_dtype = resolve_dtype(cfg.param_dtype)
+        mixed_precision = None
+        if param_dtype != resolve_dtype(cfg.dtype):
+            mixed_precision = MixedPrecision(param_dtype=param_dtype, reduce_dtype=resolve_dtype(cfg.reduce_dtype))
+        return FSDP(
+            module,
+            auto_wrap_policy=ModuleWrapPolicy(decoder_layer_classes(module, cfg.wrap_layer_classes)),
+            sharding_strategy=_STRATEGIES[cfg.sharding_strategy],
+            mixed_precision=mixed_precision,
+            device_id=self.device,  # FSDP1 needs an explicit device, torch.device("cpu") included
+            use_orig_params=True,
+            forward_prefetch=cfg.forward_prefetch,
+        )
+
+    def _units(self) -> list[FSDP]:
+        return [m for m in self.module.modules() if isinstance(m, FSDP)]
+
+    def _clip_grad_norm(self, max_norm: float) -> float:
+        return self.module.clip_grad_norm_(max_norm).item()
+
+    def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        root_prefix = {id(unit): name for name, unit in self.module.named_modules() if isinstance(unit, FSDP)}
+        for unit in self._units():
+            nested = [m for m in unit.modules() if isinstance(m, FSDP) and m is not unit]
+            nested_params = {id(p) for m in nested for p in m.parameters()}
+            with FSDP.summon_full_params(unit, recurse=False, writeback=False):
+                for name, param in unit.named_parameters():
+                    if id(param) in nested_params:
+                        continue
+                    full_name = f"{root_prefix[id(unit)]}.{name}" if root_prefix[id(unit)] else name
+                    yield full_name, param.detach().clone()
+
+    def _move_module(self, device: torch.device) -> None:
+        for unit in self._units():
+            handle = unit._handle
+            if handle is None or handle.flat_param.device == device:
+                continue
+            handle.flat_param_to(device, non_blocking=True)
+            handle.flat_param._local_shard = handle.flat_param.data
+        for param in self.module.parameters():
+            if param.grad is not None and param.grad.device != device:
+                param.grad = param.grad.to(device, non_blocking=True)
+
+    def _layout(self) -> dict[str, Any]:
+        return {"sharding_strategy": self.config.sharding_strategy, "dp_shard": self.world_size}

@@ -1,0 +1,86 @@
+"""``fsdp2``: PyTorch's per-parameter sharding (``fully_shard``) on a DeviceMesh.
+
+Each decoder layer is one ``fully_shard`` unit and the root (embeddings, final norm,
+LM/value head) another. Parameters are DTensors sharded on dim 0 over the ``dp_shard``
+mesh dimension; with ``hybrid_replicate_size > 1`` the mesh is
+``(dp_replicate, dp_shard)`` and shards are replicated across groups (HSDP).
+Mixed precision comes from ``param_dtype`` / ``reduce_dtype`` with master weights in
+``dtype``. Checkpoints are sharded DCP state dicts; HF export gathers one parameter at
+a time (``DTensor.full_tensor``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from rlflow.engines.common.models import HFForwardModule, decoder_layer_classes
+from rlflow.engines.common.module_engine import ModuleEngine
+from rlflow.engines.config import EngineConfig, EngineConfigError
+from rlflow.engines.registry import EngineRegistry
+from rlflow.models.loading import resolve_dtype
+
+__all__ = ["FSDP2Engine", "FSDP2EngineConfig"]
+
+
+@dataclass
+class FSDP2EngineConfig(EngineConfig):
+    """Options of the ``fsdp2`` engine (configs/engine/fsdp2.yaml)."""
+
+    name: str = "fsdp2"
+    reshard_after_forward: bool = True  # free gathered layer weights after forward (re-gather in backward)
+    hybrid_replicate_size: int = 1  # >1: HSDP, world = replicate x shard; shards replicate across groups
+    wrap_layer_classes: list[str] = field(default_factory=list)  # per-layer units; empty: the model's _no_split_modules
+
+
+@EngineRegistry.register("fsdp2")
+class FSDP2Engine(ModuleEngine):
+    """FSDP2 (``fully_shard``) engine: per-layer units on a 1-D or hybrid 2-D DeviceMesh."""
+
+    config_class = FSDP2EngineConfig
+    config: FSDP2EngineConfig
+
+    def _device_mesh(self) -> DeviceMesh:
+        replicate = self.config.hybrid_replicate_size
+        if replicate < 1 or self.world_size % replicate != 0:
+            raise EngineConfigError(
+                f"hybrid_replicate_size={replicate} must be >= 1 and divide the world size {self.world_size}"
+            )
+        if replicate == 1:
+            return init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp_shard",))
+        return init_device_mesh(
+            self.device.type, (replicate, self.world_size // replicate), mesh_dim_names=("dp_replicate", "dp_shard")
+        )
+
+    def _parallelize(self, module: HFForwardModule) -> nn.Module:
+        cfg = self.config
+        self.device_mesh = self._device_mesh()
+        mp_policy = MixedPrecisionPolicy(param_dtype=resolve_dtype(cfg.param_dtype), reduce_dtype=resolve_dtype(cfg.reduce_dtype))
+        options = {"mesh": self.device_mesh, "mp_policy": mp_policy, "reshard_after_forward": cfg.reshard_after_forward}
+        layer_classes = tuple(decoder_layer_classes(module, cfg.wrap_layer_classes))
+        for layer in [m for m in module.modules() if isinstance(m, layer_classes)]:
+            fully_shard(layer, **options)
+        fully_shard(module, **options)
+        return module
+
+    def _clip_grad_norm(self, max_norm: float) -> float:
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
+
+    def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in self.module.named_parameters():
+            tensor = param.detach()
+            yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+    def _move_module(self, device: torch.device) -> None:
+        self.module.to(device)
+
+    def _layout(self) -> dict[str, Any]:
+        return dict(zip(self.device_mesh.mesh_dim_names, self.device_mesh.mesh.shape))
