@@ -1,0 +1,58 @@
+"""Loading a user's reward function from ``path/to/file.py:fn`` or ``package.module:fn``.
+
+The function is called like every registered reward, ``fn(data_source, solution_str,
+ground_truth, extra_info)``, and replaces the registry for every data_source (verl's
+``custom_reward_function``). A file path is resolved against the current directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from rlflow.config import ConfigError
+from rlflow.rewards.registry import RewardFn
+
+_KEY = "reward.custom_function"
+
+
+def load_custom_function(spec: str) -> RewardFn:
+    """The callable named by ``spec``; raises ``ConfigError`` naming ``reward.custom_function`` and the problem."""
+    location, sep, name = spec.rpartition(":")
+    if not sep or not location or not name:
+        raise ConfigError(f"config key {_KEY!r}: expected 'path/to/file.py:function' or 'package.module:function', got {spec!r}")
+    module = _load_file(Path(location)) if location.endswith(".py") else _import(location)
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise ConfigError(f"config key {_KEY!r}: {location} has no attribute {name!r}")
+    if not callable(fn):
+        raise ConfigError(f"config key {_KEY!r}: {location}:{name} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def _load_file(path: Path):
+    path = path.expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(f"config key {_KEY!r}: file {path} does not exist")
+    module_name = "rlflow_custom_reward_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001 - the user's module failing to import is a config problem
+        del sys.modules[module_name]
+        raise ConfigError(f"config key {_KEY!r}: importing {path} failed: {type(error).__name__}: {error}") from None
+    return module
+
+
+def _import(module_path: str):
+    try:
+        return importlib.import_module(module_path)
+    except Exception as error:  # noqa: BLE001 - the user's module failing to import is a config problem
+        raise ConfigError(f"config key {_KEY!r}: cannot import {module_path}: {type(error).__name__}: {error}") from None

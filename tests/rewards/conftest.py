@@ -1,0 +1,23 @@
+"""Shared fixtures for the reward tests: the preset's tokenizer and a registry snapshot."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlflow.models.tokenizer_builder import train_tokenizer
+from rlflow.rewards import REWARD_REGISTRY
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The tiny preset's tokenizer, trained offline."""
+    return train_tokenizer()
+
+
+@pytest.fixture
+def clean_registry():
+    """Restore the reward registry after a test that registers functions."""
+    saved = dict(REWARD_REGISTRY)
+    yield REWARD_REGISTRY
+    REWARD_REGISTRY.clear()
+    REWARD_REGISTRY.update(saved)
