@@ -1,0 +1,324 @@
+"""Metric trackers: console, jsonl, wandb and tensorboard, chosen by ``trainer.logger``.
+
+``Tracking(project, experiment, backends, config, output_dir)`` fans every ``log(metrics,
+step)`` out to the selected trackers; call it once per step with all of that step's metrics
+(verl's names: ``critic/score/mean``, ``actor/pg_loss``, ``timing_s/gen`` ...). A new backend
+is a ``Tracker`` subclass under ``@register_tracker("name")``.
+
+| backend | writes |
+|---|---|
+| ``console`` | a tqdm progress bar with ETA (stderr) and one compact line of key metrics per step (stdout) |
+| ``jsonl`` | ``<output_dir>/metrics.jsonl``: one JSON object per step with every metric |
+| ``wandb`` | a wandb run under ``<output_dir>/wandb`` (offline with ``WANDB_MODE=offline``, online otherwise) |
+| ``tensorboard`` | event files under ``<output_dir>/tensorboard`` |
+
+Resuming: the jsonl file drops records of steps at or after the first step logged by the
+resumed run, so every step keeps exactly one line; the wandb run id is kept in
+``<output_dir>/wandb_run_id`` so a resumed run continues the same wandb run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import math
+import numbers
+import os
+import sys
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from rlflow.config import ConfigError
+from rlflow.errors import UserError
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What every tracker is told about the run it records."""
+
+    project: str
+    experiment: str
+    config: dict[str, Any]
+    output_dir: Path
+    total_steps: Optional[int] = None
+
+
+class Tracker(ABC):
+    """A metrics backend: receives each step's metrics, then ``finish()`` once."""
+
+    def __init__(self, run: RunInfo):
+        self.run = run
+
+    @abstractmethod
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Record ``metrics`` (already converted to plain Python values) for ``step``."""
+
+    def finish(self) -> None:
+        """Flush and close; the default has nothing to close."""
+
+
+TRACKER_REGISTRY: dict[str, type[Tracker]] = {}
+
+
+def register_tracker(name: str) -> Callable[[type[Tracker]], type[Tracker]]:
+    """Class decorator adding a tracker to ``TRACKER_REGISTRY`` under ``name``."""
+
+    def decorate(cls: type[Tracker]) -> type[Tracker]:
+        if name in TRACKER_REGISTRY:
+            raise ValueError(f"tracker {name!r} is already registered by {TRACKER_REGISTRY[name].__name__}")
+        TRACKER_REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+# ---------------------------------------------------------------------------------------- values
+def to_plain(value: Any) -> Any:
+    """A one-element tensor or numpy value as a Python number; other values unchanged."""
+    if type(value) in (int, float, bool, str, type(None)):
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except (ValueError, RuntimeError):  # more than one element: leave it alone
+            pass
+    return value
+
+
+def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Only the entries that are real numbers (bools excluded), as floats."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, numbers.Real) and not isinstance(v, bool)}
+
+
+def reduce_metrics(metrics: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """The mean of each key over the dicts that have it (e.g. per-micro-batch metrics -> one step's)."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for entry in metrics:
+        for key, value in entry.items():
+            sums[key] = sums.get(key, 0.0) + float(to_plain(value))
+            counts[key] = counts.get(key, 0) + 1
+    return {key: sums[key] / counts[key] for key in sums}
+
+
+# ---------------------------------------------------------------------------------------- console
+# (label, metric-name pattern) shown in the console line, in this order; label None: the metric's own name.
+KEY_METRICS: list[tuple[Optional[str], str]] = [
+    ("reward", "critic/score/mean"),
+    (None, "val-core/*"),
+    (None, "val/*"),
+    ("loss", "train/loss"),
+    ("pg_loss", "actor/pg_loss"),
+    ("vf_loss", "critic/vf_loss"),
+    ("kl", "actor/ppo_kl"),
+    ("kl_loss", "actor/kl_loss"),
+    ("kl_reward", "critic/kl"),
+    ("entropy", "actor/entropy"),
+    ("grad_norm", "actor/grad_norm"),
+    ("resp_len", "response_length/mean"),
+    ("tok/s", "perf/throughput"),
+]
+TIMING_PREFIX = "timing_s/"
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def format_step_line(metrics: dict[str, float], step: int, total_steps: Optional[int]) -> str:
+    """One compact line: the step, the key metrics present, and the phase timings."""
+    parts = [f"step {step}" + (f"/{total_steps}" if total_steps else "")]
+    shown: set[str] = set()
+    for label, pattern in KEY_METRICS:
+        for key in sorted(k for k in metrics if fnmatch.fnmatchcase(k, pattern) and k not in shown):
+            shown.add(key)
+            parts.append(f"{label or key} {_fmt(metrics[key])}")
+    timings = [f"{k[len(TIMING_PREFIX):]} {metrics[k]:.2f}s" for k in metrics if k.startswith(TIMING_PREFIX)]
+    if timings:
+        parts.append("time " + " ".join(timings))
+    return " | ".join(parts)
+
+
+@register_tracker("console")
+class ConsoleTracker(Tracker):
+    """A progress bar with ETA on stderr and a compact key-metrics line per step on stdout."""
+
+    def __init__(self, run: RunInfo):
+        super().__init__(run)
+        self.bar = None
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:  # created at the first step so a resumed run's bar starts where it left off
+            self.bar = tqdm(total=self.run.total_steps, initial=step - 1, desc=self.run.experiment, unit="step",
+                            file=sys.stderr, dynamic_ncols=True)
+        self.bar.update(step - self.bar.n)
+        tqdm.write(format_step_line(numeric_metrics(metrics), step, self.run.total_steps), file=sys.stdout)
+
+    def finish(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ---------------------------------------------------------------------------------------- jsonl
+JSONL_NAME = "metrics.jsonl"
+
+
+@register_tracker("jsonl")
+class JsonlTracker(Tracker):
+    """Appends ``{"step": N, ...every metric}`` per step to ``<output_dir>/metrics.jsonl`` (resume-safe).
+
+    Logging the same step twice merges into that step's line. Non-finite numbers are written
+    as JSON's ``NaN``/``Infinity`` extensions (Python's json and pandas read them back).
+    """
+
+    def __init__(self, run: RunInfo):
+        super().__init__(run)
+        self.path = run.output_dir / JSONL_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._last: Optional[tuple[int, dict[str, Any], int]] = None  # (step, record, file offset of its line)
+        self._checked_resume = False
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if not self._checked_resume:
+            self._drop_records_from(step)
+            self._checked_resume = True
+        if self._last is not None and self._last[0] == step:
+            record, offset = {**self._last[1], **metrics}, self._last[2]
+        else:
+            record, offset = {"step": step, **metrics}, self.path.stat().st_size if self.path.exists() else 0
+        with open(self.path, "r+b" if self.path.exists() else "wb") as f:
+            f.truncate(offset)
+            f.seek(offset)
+            f.write((json.dumps(record, default=str) + "\n").encode())
+        self._last = (step, record, offset)
+
+    def _drop_records_from(self, step: int) -> None:
+        """Keep only complete records of earlier steps (a resumed run re-logs the steps after its checkpoint)."""
+        if not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a crash
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] < step:
+                kept.append(line + "\n")
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, self.path)
+
+
+# ---------------------------------------------------------------------------------------- wandb
+@register_tracker("wandb")
+class WandbTracker(Tracker):
+    """A wandb run under ``<output_dir>/wandb``; ``WANDB_MODE=offline`` keeps it local (``wandb sync`` uploads it)."""
+
+    RUN_ID_FILE = "wandb_run_id"
+
+    def __init__(self, run: RunInfo):
+        super().__init__(run)
+        try:
+            import wandb
+        except ImportError as error:
+            raise UserError("trainer.logger has 'wandb' but wandb is not installed: pip install wandb") from error
+        run.output_dir.mkdir(parents=True, exist_ok=True)
+        id_file = run.output_dir / self.RUN_ID_FILE
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+        id_file.write_text(run_id + "\n")
+        self.wandb_run = wandb.init(
+            project=run.project, name=run.experiment, config=run.config, dir=str(run.output_dir), id=run_id, resume="allow"
+        )
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.wandb_run.log(numeric_metrics(metrics), step=step)
+
+    def finish(self) -> None:
+        self.wandb_run.finish()
+
+
+# ---------------------------------------------------------------------------------------- tensorboard
+@register_tracker("tensorboard")
+class TensorboardTracker(Tracker):
+    """Scalars in tensorboard event files under ``<output_dir>/tensorboard``."""
+
+    def __init__(self, run: RunInfo):
+        super().__init__(run)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as error:
+            raise UserError("trainer.logger has 'tensorboard' but tensorboard is not installed: pip install tensorboard") from error
+        self.writer = SummaryWriter(log_dir=str(run.output_dir / "tensorboard"))
+        self.writer.add_text("config", "```\n" + json.dumps(run.config, indent=2, default=str) + "\n```", 0)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        for key, value in numeric_metrics(metrics).items():
+            if math.isfinite(value):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+# ---------------------------------------------------------------------------------------- fan-out
+def plain_config(config: Any) -> dict[str, Any]:
+    """A config (OmegaConf node, dataclass, dict or None) as a plain, resolved dict."""
+    if config is None:
+        return {}
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(config, DictConfig):
+            return OmegaConf.to_container(config, resolve=True)
+    except ImportError:
+        pass
+    return dict(config)
+
+
+class Tracking:
+    """Sends each step's metrics to every tracker named in ``backends`` (``trainer.logger``)."""
+
+    def __init__(
+        self,
+        project: str,
+        experiment: str,
+        backends: Iterable[str],
+        config: Any = None,
+        output_dir: str | Path = ".",
+        total_steps: Optional[int] = None,
+    ):
+        backends = list(backends)
+        unknown = [name for name in backends if name not in TRACKER_REGISTRY]
+        if unknown:
+            raise ConfigError(f"config key 'trainer.logger': unknown tracker(s) {unknown}; choose from {sorted(TRACKER_REGISTRY)}")
+        run = RunInfo(project, experiment, plain_config(config), Path(output_dir), total_steps)
+        self.trackers: dict[str, Tracker] = {}
+        for name in dict.fromkeys(backends):
+            self.trackers[name] = TRACKER_REGISTRY[name](run)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Record one step's metrics in every tracker."""
+        plain = {key: to_plain(value) for key, value in metrics.items()}
+        for tracker in self.trackers.values():
+            tracker.log(plain, step)
+
+    def finish(self) -> None:
+        """Close every tracker (flushes files, ends the wandb run, closes the progress bar)."""
+        for tracker in self.trackers.values():
+            tracker.finish()
+
+    def __enter__(self) -> "Tracking":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.finish()
