@@ -16,7 +16,8 @@ FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 
 
 def reference_agg(rows: list[list[float]], masks: list[list[int]], mode: str, scale: float | None = None) -> float:
-    """Plain Python loops over rows and tokens; whole-batch semantics, no global counts."""
+    """Plain Python loops over rows and tokens; whole-batch semantics, no global counts.
+    Sequence means run over the rows that keep at least one token (verl 0.9.1)."""
     width = len(rows[0]) if rows else 0
     token_total, token_count, per_seq_sum, per_seq_mean = 0.0, 0, [], []
     for row, mask in zip(rows, masks):
@@ -25,7 +26,7 @@ def reference_agg(rows: list[list[float]], masks: list[list[int]], mode: str, sc
         token_count += len(kept)
         per_seq_sum.append(sum(kept))
         per_seq_mean.append(sum(kept) / len(kept) if kept else 0.0)
-    n_seq = len(rows)
+    n_seq = sum(1 for mask in masks if any(mask))
     if mode == "token-mean":
         return token_total / token_count if token_count else 0.0
     if mode == "token-sum":
@@ -95,7 +96,7 @@ def test_split_invariance_with_global_counts(batch, data):
     cuts = sorted(data.draw(st.lists(st.integers(0, rows), min_size=1, max_size=3)))
     bounds = [0, *cuts, rows]
     pieces = [(loss[a:b], mask[a:b]) for a, b in zip(bounds, bounds[1:])]
-    global_counts = {"batch_num_tokens": mask.sum().item(), "global_batch_size": rows}
+    global_counts = {"batch_num_tokens": mask.sum().item(), "global_batch_size": int((mask.sum(-1) > 0).sum())}
     for mode in MODES:
         whole = agg_loss(loss, mask, mode).item()
         accumulated = sum(agg_loss(piece, piece_mask, mode, **global_counts).item() for piece, piece_mask in pieces)
@@ -122,9 +123,11 @@ def test_fully_masked_rows_and_empty_batches_give_zero_not_nan():
     for mode in MODES:
         assert agg_loss(loss, mask, mode).item() == 0.0, mode
         assert agg_loss(loss[:0], mask[:0], mode).item() == 0.0, mode
-    # a fully masked row still counts as a sequence in the seq-mean modes (verl semantics)
+    # fully masked rows are left out of the sequence count (verl 0.9.1)
     mask[0] = 1
-    assert agg_loss(torch.ones(3, 4), mask, "seq-mean-token-mean").item() == pytest.approx(1 / 3)
+    mask[1, 0] = 1
+    assert agg_loss(2 * torch.ones(3, 4), mask, "seq-mean-token-mean").item() == pytest.approx(2.0)
+    assert agg_loss(2 * torch.ones(3, 4), mask, "seq-mean-token-sum").item() == pytest.approx((8 + 2) / 2)  # 2 rows
 
 
 def test_gradient_flows_only_through_masked_tokens():
@@ -146,5 +149,7 @@ def test_bad_shapes_and_sizes_are_rejected():
         agg_loss(torch.zeros(2, 3), torch.ones(2, 2), "token-mean")
     with pytest.raises(ValueError, match="dp_size"):
         agg_loss(torch.zeros(2, 3), torch.ones(2, 3), "token-mean", dp_size=0)
+    with pytest.raises(ValueError, match="global batch_num_tokens and global_batch_size"):
+        agg_loss(torch.zeros(2, 3), torch.ones(2, 3), "seq-mean-token-mean", dp_size=2, batch_num_tokens=6)
     with pytest.raises(ValueError, match=r"\(batch, response_len\)"):
         agg_loss(torch.zeros(3), torch.ones(3), "token-mean")

@@ -94,8 +94,11 @@ def ref_cispo_tokens(old, new, adv, low, high):
 
 
 def ref_geo_mean(old, new, adv, mask, low, high):
+    """Mean over the non-empty sequences of -mean(A) * geometric-mean clipped ratio."""
     losses = []
     for old_row, new_row, adv_row, mask_row in zip(old, new, adv, mask):
+        if not any(mask_row):
+            continue
         n_kept, log_sum, adv_sum = 0, 0.0, 0.0
         for o, n, a, m in zip(old_row, new_row, adv_row, mask_row):
             if not m:
@@ -105,9 +108,8 @@ def ref_geo_mean(old, new, adv, mask, low, high):
             log_sum += min(d, _clip(d, -low, high)) if a > 0 else max(d, _clip(d, -low, high)) if a < 0 else 0.0
             adv_sum += a
             n_kept += 1
-        n_kept = max(n_kept, 1)
         losses.append(-(adv_sum / n_kept) * math.exp(log_sum / n_kept))
-    return sum(losses) / len(losses)
+    return sum(losses) / len(losses) if losses else 0.0
 
 
 def ref_kl_cov_tokens(old, new, adv, mask, ratio, coef):
@@ -198,10 +200,11 @@ def test_sequence_level_losses_match_references(batch, params):
     low, high, _ = params
     config = make_config(low, high)
     args = (_t(old), _t(new), _t(adv), _t(mask))
-    seq_mode = "seq-mean-token-mean"  # gspo and sapo always aggregate this way (verl)
-    gspo, _ = get_policy_loss_fn("gspo")(*args, "token-sum", config)
-    expected_gspo = agg_loss(_t(ref_gspo_tokens(old, new, adv, mask, low, high)), _t(mask), seq_mode)
-    torch.testing.assert_close(gspo, expected_gspo, rtol=1e-9, atol=1e-9)
+    seq_mode = "seq-mean-token-mean"  # sapo always aggregates this way (verl 0.9.1)
+    for mode in (seq_mode, "token-mean"):
+        gspo, _ = get_policy_loss_fn("gspo")(*args, mode, config)
+        expected_gspo = agg_loss(_t(ref_gspo_tokens(old, new, adv, mask, low, high)), _t(mask), mode)
+        torch.testing.assert_close(gspo, expected_gspo, rtol=1e-9, atol=1e-9)
     sapo, _ = get_policy_loss_fn("sapo")(*args, "token-sum", config)
     expected_sapo = agg_loss(_t(ref_sapo_tokens(old, new, adv, 1.0, 1.05)), _t(mask), seq_mode)
     torch.testing.assert_close(sapo, expected_sapo, rtol=1e-9, atol=1e-9)
@@ -353,7 +356,7 @@ def test_global_batch_info_makes_split_losses_add_up():
         fn = get_policy_loss_fn(name)
         whole, _ = fn(old, new, adv, mask, mode, make_config())
         config = make_config()
-        config.global_batch_info = {"batch_num_tokens": mask.sum().item(), "global_batch_size": 3}
+        config.global_batch_info = {"batch_num_tokens": mask.sum().item(), "global_batch_size": 3}  # 3 non-empty rows
         parts = [fn(old[s], new[s], adv[s], mask[s], mode, config)[0] for s in (slice(0, 1), slice(1, 3))]
         assert (parts[0] + parts[1]).item() == pytest.approx(whole.item(), rel=1e-12), name
 

@@ -86,19 +86,26 @@ def agg_loss(
       (default ``loss_mat.shape[-1]``; a constant avoids length bias, Dr.GRPO);
     * ``seq-mean-token-mean``: mean over sequences of each sequence's token mean.
 
-    ``batch_num_tokens`` / ``global_batch_size`` replace this split's own token / row counts
-    so results are split-invariant; the result is multiplied by ``dp_size``. Fully masked
-    rows count as sequences with loss 0; an all-masked split gives 0, never NaN.
+    Sequence means run over the non-empty sequences (fully masked rows are left out, as in
+    verl 0.9.1). ``batch_num_tokens`` / ``global_batch_size`` replace this split's own token /
+    non-empty-sequence counts so results are split-invariant; they are required when
+    ``dp_size > 1``, and the result is multiplied by ``dp_size``. An all-masked split gives 0,
+    never NaN.
     """
     reducer = LOSS_AGG_REGISTRY.get(loss_agg_mode)
     if loss_mat.dim() != 2:
         raise ValueError(f"loss_mat must be (batch, response_len), got shape {tuple(loss_mat.shape)}")
     if dp_size < 1:
         raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+    if dp_size > 1 and (batch_num_tokens is None or global_batch_size is None):
+        raise ValueError(
+            f"agg_loss with dp_size={dp_size} needs the global batch_num_tokens and global_batch_size "
+            "(the mini-batch's masked-token and non-empty-sequence counts over all DP ranks)"
+        )
     mask = as_float_mask(loss_mask, loss_mat)
     counts = AggregationCounts(
         num_tokens=mask.sum() if batch_num_tokens is None else batch_num_tokens,
-        num_sequences=loss_mat.shape[0] if global_batch_size is None else global_batch_size,
+        num_sequences=(mask.sum(dim=-1) > 0).sum() if global_batch_size is None else global_batch_size,
         scale_factor=float(loss_mat.shape[-1] if loss_scale_factor is None else loss_scale_factor),
     )
     if counts.scale_factor <= 0:

@@ -80,7 +80,7 @@ def compute_policy_loss_gspo(
     """GSPO (arXiv:2507.18071): PPO clip on the length-normalized sequence ratio.
 
     Token ratio ``s_i * pi(y_t) / sg(pi(y_t))`` with ``s_i = exp(mean_t log(pi/pi_old))`` (stop-gradient);
-    always aggregated ``seq-mean-token-mean``, as in verl.
+    the paper's aggregation is ``seq-mean-token-mean``.
     """
     low, high = clip_bounds(config, "gspo")
     mask = as_float_mask(response_mask, log_prob)
@@ -91,7 +91,7 @@ def compute_policy_loss_gspo(
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
     token_losses = torch.maximum(unclipped, clipped)
-    loss = agg_loss(token_losses, mask, SEQUENCE_LEVEL_AGG_MODE, **aggregation_kwargs(config))
+    loss = agg_loss(token_losses, mask, loss_agg_mode, **aggregation_kwargs(config))
     return loss, _metrics(
         pg_clipfrac=masked_mean((clipped > unclipped).to(mask.dtype), mask),
         ppo_kl=masked_mean(-log_ratio, mask),
@@ -159,7 +159,7 @@ def compute_policy_loss_geo_mean(
     """GMPO (arXiv:2507.20673): clip each token's log-ratio, then use the geometric-mean sequence ratio.
 
     Per sequence ``-mean_t(A) * exp(mean_t(sign(A) min(sign(A) d, sign(A) clip(d, -eps_low, eps_high))))``;
-    the mean over sequences ignores ``loss_agg_mode`` (sequence-level advantages only).
+    the mean over non-empty sequences ignores ``loss_agg_mode`` (sequence-level advantages only).
     """
     low, high = clip_bounds(config, "geo_mean")
     mask = as_float_mask(response_mask, log_prob)
@@ -171,8 +171,8 @@ def compute_policy_loss_geo_mean(
     sequence_ratio = torch.exp(masked_sum(pessimistic, mask, dim=-1) / lengths)
     sequence_advantage = masked_sum(advantages, mask, dim=-1) / lengths
     sequence_losses = (-sequence_advantage * sequence_ratio).unsqueeze(-1)
-    rows = torch.ones_like(sequence_losses)
-    loss = agg_loss(sequence_losses, rows, "seq-mean-token-sum", **aggregation_kwargs(config))
+    non_empty = (mask.sum(dim=-1, keepdim=True) > 0).to(mask.dtype)
+    loss = agg_loss(sequence_losses, non_empty, "seq-mean-token-sum", **aggregation_kwargs(config))
     was_clipped = (log_ratio != clipped_log_ratio).to(mask.dtype)
     return loss, _metrics(
         pg_clipfrac=masked_mean(was_clipped * (advantages > 0), mask),
