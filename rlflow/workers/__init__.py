@@ -1,0 +1,52 @@
+"""The single-controller machinery: resource pools, worker groups, dispatch modes, colocation.
+
+See docs/single_controller.md for the design and a usage example.
+"""
+
+from rlflow.workers.decorator import MethodSpec, register
+from rlflow.workers.dispatch import (
+    ALL_TO_ALL,
+    DP_COMPUTE,
+    ONE_TO_ALL,
+    RANK_ZERO,
+    DispatchContext,
+    dispatch_mode_names,
+    get_dispatch_mode,
+    register_dispatch_mode,
+)
+from rlflow.workers.errors import ResourceUnavailableError, WorkerDiedError, WorkerError, WorkerTimeoutError
+from rlflow.workers.mesh import MeshInfo, MeshTable
+from rlflow.workers.metrics import REDUCTIONS, reduce_metrics
+from rlflow.workers.ray_cluster import init_ray, shutdown_ray
+from rlflow.workers.resource_pool import ResourcePool
+from rlflow.workers.worker import Worker, WorkerContext
+from rlflow.workers.worker_group import RayWorkerGroup, RoleHandle, WorkerSpec
+
+__all__ = [
+    "ALL_TO_ALL",
+    "DP_COMPUTE",
+    "ONE_TO_ALL",
+    "RANK_ZERO",
+    "REDUCTIONS",
+    "DispatchContext",
+    "MeshInfo",
+    "MeshTable",
+    "MethodSpec",
+    "RayWorkerGroup",
+    "ResourcePool",
+    "ResourceUnavailableError",
+    "RoleHandle",
+    "Worker",
+    "WorkerContext",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerSpec",
+    "WorkerTimeoutError",
+    "dispatch_mode_names",
+    "get_dispatch_mode",
+    "init_ray",
+    "reduce_metrics",
+    "register",
+    "register_dispatch_mode",
+    "shutdown_ray",
+]

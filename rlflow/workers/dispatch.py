@@ -1,0 +1,184 @@
+"""Dispatch modes: how one controller call becomes per-rank calls, and how their outputs come back.
+
+A mode is a pair of plain functions kept in a registry:
+
+* ``dispatch_fn(ctx, args, kwargs) -> {rank: (args, kwargs)}``: the calls to make; ranks left
+  out are not called;
+* ``collect_fn(ctx, outputs) -> result``: ``outputs`` maps each called rank to what it returned.
+
+``ctx`` (a ``DispatchContext``) carries the method name, the group size, the method's mesh (loaded
+on first use) and a ``state`` dict that dispatch can fill for collect (``DP_COMPUTE`` stores
+its padding there). Add a mode with ``register_dispatch_mode(name, dispatch_fn, collect_fn)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from rlflow.protocol import DataProto, DataProtoError
+from rlflow.workers.mesh import MeshTable
+from rlflow.workers.metrics import DEFAULT_REDUCTION, ReduceSpec, reduce_metrics
+
+ONE_TO_ALL = "one_to_all"
+ALL_TO_ALL = "all_to_all"
+RANK_ZERO = "rank_zero"
+DP_COMPUTE = "dp_compute"
+
+RankCalls = dict[int, tuple[tuple, dict]]
+
+
+@dataclass
+class DispatchContext:
+    """Everything a dispatch/collect pair may use for one call."""
+
+    method: str
+    world_size: int
+    mesh_name: str | None = None
+    reduce: ReduceSpec = DEFAULT_REDUCTION
+    mesh_loader: Callable[[str | None], MeshTable] | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+    _mesh: MeshTable | None = field(default=None, repr=False)
+
+    @property
+    def mesh(self) -> MeshTable:
+        """The method's mesh table (the plain data-parallel one when the method names no mesh)."""
+        if self._mesh is None:
+            if self.mesh_loader is None or self.mesh_name is None:
+                self._mesh = MeshTable.data_parallel(self.world_size)
+            else:
+                self._mesh = self.mesh_loader(self.mesh_name)
+        return self._mesh
+
+
+DispatchFn = Callable[[DispatchContext, tuple, dict], RankCalls]
+CollectFn = Callable[[DispatchContext, Mapping[int, Any]], Any]
+
+
+@dataclass(frozen=True)
+class DispatchMode:
+    """A named pair of dispatch and collect functions."""
+
+    name: str
+    dispatch_fn: DispatchFn
+    collect_fn: CollectFn
+
+
+_MODES: dict[str, DispatchMode] = {}
+
+
+def register_dispatch_mode(name: str, dispatch_fn: DispatchFn, collect_fn: CollectFn, override: bool = False) -> None:
+    """Add a dispatch mode usable as ``@register(dispatch_mode=name)``."""
+    if name in _MODES and not override:
+        raise ValueError(f"dispatch mode '{name}' is already registered; pass override=True to replace it")
+    _MODES[name] = DispatchMode(name, dispatch_fn, collect_fn)
+
+
+def get_dispatch_mode(name: str) -> DispatchMode:
+    """The registered mode called ``name``; the error lists the known ones."""
+    if name not in _MODES:
+        raise ValueError(f"unknown dispatch mode '{name}'; registered modes: {sorted(_MODES)}")
+    return _MODES[name]
+
+
+def dispatch_mode_names() -> list[str]:
+    """Names of every registered dispatch mode."""
+    return sorted(_MODES)
+
+
+# ---------------------------------------------------------------- built-in modes
+def _in_rank_order(ctx: DispatchContext, outputs: Mapping[int, Any]) -> list[Any]:
+    return [outputs[rank] for rank in sorted(outputs)]
+
+
+def _one_to_all(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
+    return {rank: (args, kwargs) for rank in range(ctx.world_size)}
+
+
+def _all_to_all(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
+    named = [(f"argument {i}", value) for i, value in enumerate(args)] + [(f"'{k}'", v) for k, v in kwargs.items()]
+    for label, value in named:
+        if not isinstance(value, (list, tuple)) or len(value) != ctx.world_size:
+            raise ValueError(
+                f"{ctx.method} ({ALL_TO_ALL}): {label} must be a list with one entry per rank "
+                f"({ctx.world_size}), got {type(value).__name__}"
+                + (f" of length {len(value)}" if isinstance(value, (list, tuple)) else "")
+            )
+    return {
+        rank: (tuple(a[rank] for a in args), {k: v[rank] for k, v in kwargs.items()}) for rank in range(ctx.world_size)
+    }
+
+
+def _rank_zero(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
+    return {0: (args, kwargs)}
+
+
+def _first_output(ctx: DispatchContext, outputs: Mapping[int, Any]) -> Any:
+    return outputs[0]
+
+
+def _dp_compute_dispatch(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
+    """Pad every DataProto argument to a multiple of dp_size, chunk it, hand chunk d to DP group d."""
+    mesh = ctx.mesh
+    lengths = {len(v) for v in list(args) + list(kwargs.values()) if isinstance(v, DataProto)}
+    if len(lengths) > 1:
+        raise DataProtoError(f"{ctx.method} ({DP_COMPUTE}): DataProto arguments differ in length: {sorted(lengths)}")
+
+    def shards(value: Any) -> list[Any]:
+        if not isinstance(value, DataProto):
+            return [value] * mesh.dp_size
+        padded, pad_size = value.pad_to_divisor(mesh.dp_size)
+        ctx.state["pad_size"] = pad_size
+        ctx.state["chunk_len"] = len(padded) // mesh.dp_size
+        return padded.chunk(mesh.dp_size)
+
+    arg_shards = [shards(v) for v in args]
+    kwarg_shards = {k: shards(v) for k, v in kwargs.items()}
+    calls = {}
+    for rank in range(ctx.world_size):
+        dp = mesh.dp_rank_of[rank]
+        calls[rank] = (tuple(s[dp] for s in arg_shards), {k: s[dp] for k, s in kwarg_shards.items()})
+    return calls
+
+
+def merge_dp_outputs(ctx: DispatchContext, parts: list[Any]) -> Any:
+    """Merge the collect ranks' outputs (dp order): DataProtos concat+unpad, dicts reduce, tuples per item."""
+    first = parts[0]
+    if all(p is None for p in parts):
+        return None
+    if all(isinstance(p, DataProto) for p in parts):
+        return _merge_dataprotos(ctx, parts)
+    if all(isinstance(p, dict) for p in parts):
+        return reduce_metrics(parts, ctx.reduce)
+    if all(isinstance(p, tuple) and len(p) == len(first) for p in parts):
+        return tuple(merge_dp_outputs(ctx, list(items)) for items in zip(*parts))
+    return parts
+
+
+def _merge_dataprotos(ctx: DispatchContext, parts: list[DataProto]) -> DataProto:
+    merged = DataProto.concat(parts)
+    pad_size = ctx.state.get("pad_size", 0)
+    if pad_size:
+        chunk_len = ctx.state["chunk_len"]
+        lengths = {len(p) for p in parts}
+        rows_per_input = next(iter(lengths)) // chunk_len
+        if len(lengths) != 1 or rows_per_input * chunk_len != next(iter(lengths)):
+            raise DataProtoError(
+                f"{ctx.method} ({DP_COMPUTE}): ranks returned {sorted(len(p) for p in parts)} rows for input chunks "
+                f"of {chunk_len}; with padding, each rank must return k rows per input row, in input order"
+            )
+        merged = merged.unpad(pad_size * rows_per_input)
+    metrics = [p.meta_info["metrics"] for p in parts if isinstance(p.meta_info.get("metrics"), dict)]
+    if metrics:
+        merged.meta_info["metrics"] = reduce_metrics(metrics, ctx.reduce)
+    return merged
+
+
+def _dp_compute_collect(ctx: DispatchContext, outputs: Mapping[int, Any]) -> Any:
+    return merge_dp_outputs(ctx, [outputs[rank] for rank in ctx.mesh.collect_ranks])
+
+
+register_dispatch_mode(ONE_TO_ALL, _one_to_all, _in_rank_order)
+register_dispatch_mode(ALL_TO_ALL, _all_to_all, _in_rank_order)
+register_dispatch_mode(RANK_ZERO, _rank_zero, _first_output)
+register_dispatch_mode(DP_COMPUTE, _dp_compute_dispatch, _dp_compute_collect)

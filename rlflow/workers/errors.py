@@ -1,0 +1,67 @@
+"""The errors a controller sees from its worker groups, each naming what failed and where."""
+
+from __future__ import annotations
+
+
+class WorkerError(RuntimeError):
+    """A worker method raised: carries the rank, the role/method and the remote traceback.
+
+    Raised inside the worker (so the traceback is the worker's own) and re-raised as is at
+    the controller.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        method: str,
+        error_type: str,
+        message: str,
+        remote_traceback: str,
+        pid: int | None = None,
+        node_id: str | None = None,
+    ):
+        self.rank = rank
+        self.method = method
+        self.error_type = error_type
+        self.message = message
+        self.remote_traceback = remote_traceback
+        self.pid = pid
+        self.node_id = node_id
+        where = f"rank {rank}" + (f", pid {pid}" if pid is not None else "")
+        where += f", node {node_id[:8]}" if node_id else ""
+        super().__init__(
+            f"{method} failed on worker {where}: {error_type}: {message}\n"
+            f"--- remote traceback (rank {rank}) ---\n{remote_traceback.rstrip()}"
+        )
+
+    def __reduce__(self):  # keyword-rich __init__: pickle every field, not just the message
+        return (
+            type(self),
+            (self.rank, self.method, self.error_type, self.message, self.remote_traceback, self.pid, self.node_id),
+        )
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process died (killed, crashed, out of memory) while the controller waited on it."""
+
+    def __init__(self, rank: int, method: str, reason: str):
+        self.rank = rank
+        self.method = method
+        self.reason = reason
+        super().__init__(f"worker rank {rank} died while running {method}: {reason}")
+
+
+class WorkerTimeoutError(TimeoutError):
+    """Workers did not answer a call within the group's ``call_timeout_s``."""
+
+    def __init__(self, method: str, pending_ranks: list[int], timeout_s: float):
+        self.method = method
+        self.pending_ranks = pending_ranks
+        super().__init__(
+            f"{method} did not finish within {timeout_s:.1f} s on ranks {pending_ranks}; "
+            "raise call_timeout_s if the work is legitimately this slow"
+        )
+
+
+class ResourceUnavailableError(RuntimeError):
+    """A resource pool cannot be placed on the cluster; the message names what is missing."""

@@ -1,0 +1,65 @@
+"""Start or join the Ray cluster the controller drives.
+
+``init_ray()`` starts a private local cluster (token auth off, no dashboard);
+``init_ray(address="auto")`` or ``init_ray(address="10.0.0.1:6379")`` joins one started with
+``ray start`` (see docs/multinode.md). It never runs ``ray stop``: that would kill every Ray
+process on the machine, other users' included.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+
+from rlflow.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+# Every worker process runs one torch/OpenMP thread unless its bundle asks for more.
+_WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def init_ray(
+    address: str | None = None,
+    num_cpus: float | None = None,
+    temp_dir: str | None = None,
+    object_store_memory: int | None = None,
+    **ray_init_kwargs: Any,
+) -> None:
+    """Connect this process to Ray, starting a local cluster when ``address`` is None.
+
+    A local cluster gets ``RAY_AUTH_MODE=disabled`` (Ray 2.60 otherwise writes and demands a
+    token), no dashboard, and ``temp_dir`` for its sockets and logs (keep the path short:
+    Ray's socket paths must stay under 108 characters). Calling it again while connected is
+    a no-op.
+    """
+    if ray.is_initialized():
+        return
+    runtime_env = dict(ray_init_kwargs.pop("runtime_env", None) or {})
+    runtime_env["env_vars"] = {**_WORKER_ENV, **runtime_env.get("env_vars", {})}
+    if address is None:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        if temp_dir is not None and len(temp_dir) > 60:
+            raise ValueError(
+                f"temp_dir {temp_dir!r} is {len(temp_dir)} characters; Ray's socket paths under it would "
+                "exceed the 108-character limit. Use a short one, e.g. tempfile.mkdtemp(prefix='r', dir='/tmp')"
+            )
+        ray_init_kwargs.setdefault("include_dashboard", False)
+        ray.init(
+            num_cpus=num_cpus,
+            object_store_memory=object_store_memory,
+            _temp_dir=temp_dir,
+            runtime_env=runtime_env,
+            **ray_init_kwargs,
+        )
+    else:
+        ray.init(address=address, runtime_env=runtime_env, **ray_init_kwargs)
+    logger.info("ray connected: %s", {k: v for k, v in ray.cluster_resources().items() if "node:" not in k})
+
+
+def shutdown_ray() -> None:
+    """Disconnect this process from Ray (and stop the local cluster it started). Never ``ray stop``."""
+    if ray.is_initialized():
+        ray.shutdown()

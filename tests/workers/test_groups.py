@@ -1,0 +1,142 @@
+"""Worker groups on real Ray + gloo: distributed init, every dispatch mode, mesh dispatch, errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from sample_workers import ProbeWorker
+
+from rlflow.protocol import DataProto, DataProtoFuture
+from rlflow.workers import RayWorkerGroup, ResourcePool, WorkerError, WorkerSpec, WorkerTimeoutError
+
+
+@pytest.fixture(scope="module")
+def group4(local_ray):
+    """4 workers x 0.5 CPU laid out as dp=2 x tp=2 on mesh 'actor'."""
+    pool = ResourcePool(procs_per_node=4, cpus_per_proc=0.5, device="cpu", name="g4")
+    with RayWorkerGroup(pool, WorkerSpec(ProbeWorker, tp_size=2), name="g4") as wg:
+        yield wg
+
+
+@pytest.fixture(scope="module")
+def group2(local_ray):
+    pool = ResourcePool(procs_per_node=2, cpus_per_proc=0.5, device="cpu", name="g2")
+    with RayWorkerGroup(pool, ProbeWorker, name="g2") as wg:
+        yield wg
+
+
+def ids_batch(n: int) -> DataProto:
+    return DataProto.from_dict({"ids": torch.arange(n)}, {"label": [f"row{i}" for i in range(n)]})
+
+
+@pytest.mark.parametrize("group_name, size", [("group2", 2), ("group4", 4)])
+def test_group_initializes_torch_distributed_and_all_reduces(request, group_name, size):
+    wg = request.getfixturevalue(group_name)
+    described = wg.describe()
+    assert [d["rank"] for d in described] == list(range(size))
+    assert [d["local_rank"] for d in described] == list(range(size))
+    assert all(d["backend"] == "gloo" and d["dist_world"] == size and d["world_size"] == size for d in described)
+    assert all(d["threads"] == 1 for d in described)  # 0.5-CPU bundles run one torch thread
+    assert len({d["pid"] for d in described}) == size
+    expected = size * (size + 1) / 2  # sum of rank + 1
+    assert wg.all_reduce_rank() == [expected] * size
+
+
+def test_one_to_all_and_all_to_all(group4):
+    assert wg_tags(group4) == [""] * 4
+    assert group4.scale([1.0, 2.0, 3.0, 4.0], offset=[0.0, 0.0, 0.0, 0.5]) == [1.0, 4.0, 9.0, 16.5]
+    with pytest.raises(ValueError, match="one entry per rank"):
+        group4.scale([1.0, 2.0])
+
+
+def wg_tags(wg) -> list[str]:
+    return [d["tag"] for d in wg.describe()]
+
+
+def test_rank_zero_and_execute_helpers(group4):
+    assert group4.whoami() == 0
+    assert group4.execute_rank_zero("pid") == group4.describe()[0]["pid"]
+    assert group4.execute_all("nap", 0.0) == [0, 1, 2, 3]
+    with pytest.raises(AttributeError, match="no public method 'missing'"):
+        group4.execute_all("missing")
+
+
+def test_mesh_dispatch_gives_each_tp_pair_the_same_chunk(group4):
+    out = group4.mark(ids_batch(8))
+    received = [calls[-1] for calls in group4.execute_all("received_ids")]
+    assert received[0] == received[1] == [0, 1, 2, 3]
+    assert received[2] == received[3] == [4, 5, 6, 7]
+    assert out.batch["dp_rank"].tolist() == [0] * 4 + [1] * 4
+
+
+def test_mesh_dispatch_restores_order_when_batch_not_divisible(group4):
+    data = ids_batch(7)
+    out = group4.mark(data)
+    assert len(out) == 7
+    assert torch.equal(out.batch["doubled"], data.batch["ids"] * 2)
+    assert out.non_tensor_batch["label"].tolist() == data.non_tensor_batch["label"].tolist()
+    received = [calls[-1] for calls in group4.execute_all("received_ids")]
+    assert received[2] == received[3] == [4, 5, 6, 0]  # the pad row (a copy of row 0) went to dp rank 1
+
+
+def test_dp_compute_metrics_are_reduced_as_declared(group4):
+    data = ids_batch(8)  # dp rank 0 gets 0..3, dp rank 1 gets 4..7
+    out = group4.step_metrics(data)
+    assert torch.equal(out.batch["out"], data.batch["ids"].float() + 0.5)
+    assert out.meta_info["metrics"] == pytest.approx({"loss": 3.5, "tokens": 8.0, "peak": 7.0})
+    # default mesh (no mesh name): all 4 ranks are DP ranks, plain dicts reduce too
+    assert group4.plain_metrics(data) == pytest.approx({"loss": 3.5, "tokens": 8.0, "peak": 7.0})
+
+
+def test_dp_compute_with_several_rows_per_input(group4):
+    out = group4.sample_twice(ids_batch(5))  # 4 DP ranks, padded to 8
+    assert out.batch["ids"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_custom_dispatch_mode(group4):
+    # "round_robin" is registered in sample_workers with register_dispatch_mode
+    assert group4.total(list(range(10))) == [i * 10 for i in range(10)]
+
+
+def test_async_calls_return_futures_that_overlap(group2, group4):
+    future = group2.slow_rank()  # registered with blocking=False
+    assert isinstance(future, DataProtoFuture)
+    started = time.monotonic()
+    naps = [group2.execute_all_async("nap", 1.0), group4.execute_all_async("nap", 1.0)]
+    chained = group4.mark.future(ids_batch(4))
+    assert future.get() == [0, 1]
+    assert [f.get() for f in naps] == [[0, 1], [0, 1, 2, 3]]
+    assert torch.equal(chained.get().batch["doubled"], torch.arange(4) * 2)
+    assert time.monotonic() - started < 1.9  # the two 1 s naps ran at the same time
+    # a future is accepted where its value is expected
+    twice = group4.sample_twice(group4.sample_twice.future(ids_batch(2)))
+    assert twice.batch["ids"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_worker_exception_reaches_controller_with_rank_method_and_traceback(group4):
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        group4.execute_all("fail_on", 2, "bad input on purpose")
+    assert time.monotonic() - started < 60
+    err = info.value
+    assert err.rank == 2 and err.method == "main.fail_on" and err.error_type == "ValueError"
+    assert "bad input on purpose" in str(err)
+    assert "sample_workers.py" in err.remote_traceback and "raise ValueError(message)" in err.remote_traceback
+    assert group4.whoami() == 0  # the group is still usable after a method raised
+
+
+def test_call_timeout_raises_instead_of_waiting(group2):
+    group2.call_timeout_s = 0.5
+    try:
+        with pytest.raises(WorkerTimeoutError, match=r"main.nap did not finish within 0.5 s on ranks \[0, 1\]"):
+            group2.execute_all("nap", 3.0)
+    finally:
+        group2.call_timeout_s = None
+    assert group2.execute_all("nap", 0.0) == [0, 1]
+
+
+def test_pool_hosts_one_group(group2):
+    with pytest.raises(RuntimeError, match="already hosts worker group 'g2'"):
+        RayWorkerGroup(group2._pool, ProbeWorker, name="second")
