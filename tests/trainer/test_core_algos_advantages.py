@@ -389,6 +389,8 @@ def test_dispatch_matches_direct_calls_and_names_missing_inputs():
     assert torch.equal(via_registry[0], direct[0])
     with pytest.raises(ValueError, match="values"):
         compute_advantage("gae", token_level_rewards=rewards, response_mask=mask, gamma=1.0, lam=1.0)
+    with pytest.raises(ValueError, match="values"):  # None counts as absent
+        compute_advantage("gae", token_level_rewards=rewards, response_mask=mask, values=None, gamma=1.0, lam=1.0)
 
 
 def test_bad_shapes_are_rejected():

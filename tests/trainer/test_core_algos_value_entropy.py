@@ -59,7 +59,10 @@ def test_value_loss_gradcheck_and_global_counts():
     assert torch.autograd.gradcheck(lambda v: compute_value_loss(v, returns, values, mask, 0.2)[0], (vpreds,))
     whole, _ = compute_value_loss(vpreds, returns, values, mask, 0.2)
     info = {"batch_num_tokens": mask.sum().item()}
-    halves = [compute_value_loss(vpreds[s], returns[s], values[s], mask[s], 0.2, global_batch_info=info)[0] for s in (slice(0, 1), slice(1, 2))]
+    halves = [
+        compute_value_loss(vpreds[s], returns[s], values[s], mask[s], 0.2, global_batch_info=info)[0]
+        for s in (slice(0, 1), slice(1, 2))
+    ]
     assert (halves[0] + halves[1]).item() == pytest.approx(whole.item())
     with pytest.raises(ValueError, match="cliprange_value"):
         compute_value_loss(vpreds, returns, values, mask, -0.1)

@@ -239,18 +239,17 @@ def compute_advantage(adv_estimator: str | AdvantageEstimator, **inputs: Any) ->
 
     Pass everything the driver has (``token_level_rewards``, ``response_mask``, ``values``,
     ``index``, ``reward_baselines``, ``gamma``, ``lam``, ``norm_adv_by_std_in_grpo`` ...);
-    an estimator taking ``**kwargs`` receives all of them. A required input that is missing
-    raises ``ValueError`` naming it.
+    an estimator taking ``**kwargs`` receives all of them. ``None`` counts as absent; a
+    required input that is absent raises ``ValueError`` naming it.
     """
     fn = get_adv_estimator_fn(adv_estimator)
+    inputs = {name: value for name, value in inputs.items() if value is not None}
     parameters = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return fn(**inputs)
-    missing = [
-        name
-        for name, p in parameters.items()
-        if p.default is inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_POSITIONAL and name not in inputs
-    ]
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    required = [name for name, p in parameters.items() if p.kind in named and p.default is inspect.Parameter.empty]
+    missing = [name for name in required if name not in inputs]
     if missing:
         raise ValueError(
             f"advantage estimator {as_name(adv_estimator)!r} needs {missing}; the batch provides {sorted(inputs)}"

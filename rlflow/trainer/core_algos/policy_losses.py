@@ -44,7 +44,7 @@ def get_policy_loss_fn(name: str) -> PolicyLossFn:
 
 
 def _metrics(**values: torch.Tensor | float) -> dict[str, float]:
-    return {f"actor/{key}": float(value.detach()) if torch.is_tensor(value) else float(value) for key, value in values.items()}
+    return {f"actor/{key}": float(torch.as_tensor(value).detach()) for key, value in values.items()}
 
 
 def _clamped_log_ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
