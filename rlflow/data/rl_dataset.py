@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-import torch
-
+from rlflow.config import ConfigError
 from rlflow.data.chat import ChatTemplateError, check_chat_tokenizer, encode_prompt, pad_token_id
 from rlflow.data.collate import object_array, pad_to_tensor, position_ids_from_mask
 from rlflow.data.files import read_rows, resolve_files
@@ -60,7 +59,7 @@ class RLDataset:
         check_policy(truncation, RL_TRUNCATION_POLICIES)
         check_chat_tokenizer(tokenizer)
         if max_prompt_length < 1:
-            raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
+            raise ConfigError(f"config key 'data.max_prompt_length': must be >= 1, got {max_prompt_length}")
         self.tokenizer = tokenizer
         self.prompt_key = prompt_key
         self.max_prompt_length = max_prompt_length
@@ -124,8 +123,8 @@ class RLDataset:
         except OverlongError as error:
             raise row_error(
                 path, index, self.prompt_key,
-                f"the prompt has {error} (data.max_prompt_length) after the chat template; raise "
-                "data.max_prompt_length, or set data.truncation=left|right|filter or data.filter_overlong_prompts=true",
+                f"the prompt is {error.length} tokens after the chat template, over data.max_prompt_length="
+                f"{error.budget}; raise it, or set data.truncation=left|right|filter or data.filter_overlong_prompts=true",
             ) from None
 
     def collate(self, indices: list[int], epoch: int = 0) -> DataProto:

@@ -120,8 +120,8 @@ class SFTDataset:
         except OverlongError as error:
             raise row_error(
                 path, index, field,
-                f"the sample has {error} (data.max_length) after the chat template; raise data.max_length "
-                "or set data.truncation=left|right",
+                f"the sample is {error.length} tokens after the chat template, over data.max_length="
+                f"{error.budget}; raise it, or set data.truncation=left|right",
             ) from None
         return SFTSample(input_ids[keep], loss_mask[keep])
 

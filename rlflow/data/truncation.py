@@ -22,9 +22,14 @@ from rlflow.config import ConfigError
 class OverlongError(ValueError):
     """A sample exceeds its token budget under the ``error`` policy."""
 
+    def __init__(self, length: int, budget: int):
+        super().__init__(f"{length} tokens, over the limit of {budget}")
+        self.length = length
+        self.budget = budget
+
 
 def _error(length: int, budget: int) -> Optional[slice]:
-    raise OverlongError(f"{length} tokens exceed the limit of {budget}")
+    raise OverlongError(length, budget)
 
 
 def _left(length: int, budget: int) -> Optional[slice]:

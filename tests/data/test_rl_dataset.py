@@ -152,7 +152,7 @@ def test_overlong_prompt_under_error_names_row_and_limit(long_prompt_file, token
         RLDataset(long_prompt_file, tokenizer, max_prompt_length=budget, truncation="error", filter_overlong_prompts=False)
     message = str(info.value)
     assert str(long_prompt_file) in message and "row 1," in message and "field 'prompt'" in message
-    assert f"{len(full)} tokens exceed the limit of {budget}" in message
+    assert f"the prompt is {len(full)} tokens after the chat template, over data.max_prompt_length={budget}" in message
 
 
 @pytest.mark.parametrize("policy", ["left", "right"])

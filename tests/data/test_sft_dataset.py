@@ -139,7 +139,7 @@ def test_overlong_sample_under_error_names_file_and_row(tmp_path, tokenizer, wri
     with pytest.raises(DataError) as info:
         SFTDataset(path, tokenizer, max_length=len(ids) - 1, truncation="error")
     message = str(info.value)
-    assert str(path) in message and "row 1," in message and f"{len(ids)} tokens exceed the limit of {len(ids) - 1}" in message
+    assert str(path) in message and "row 1," in message and f"the sample is {len(ids)} tokens after the chat template, over data.max_length={len(ids) - 1}" in message
 
 
 def test_config_mistakes_are_config_errors(tmp_path, tokenizer, write_rows):
