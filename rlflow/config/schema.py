@@ -97,7 +97,11 @@ class RefConfig:
 
 @dataclass
 class SamplingConfig:
-    """Sampling parameters for one use of the rollout (training or validation)."""
+    """Sampling parameters for one use of the rollout (training or validation).
+
+    ``rlflow.rollout.sampling`` turns this (or the flat training keys of ``RolloutConfig``) into
+    the concrete parameters both rollout backends read; see configs/rollout/vllm.yaml.
+    """
 
     n: int = 1
     temperature: float = 1.0
@@ -106,29 +110,37 @@ class SamplingConfig:
     do_sample: bool = True  # false: greedy
     seed: Optional[int] = None
     stop: list[str] = field(default_factory=list)
+    max_new_tokens: Optional[int] = None  # null: rollout.response_length
 
 
 @dataclass
 class RolloutConfig:
-    """The inference engine that generates responses."""
+    """The inference engine that generates responses (backend, engine sizing, sampling, weight sync)."""
 
     name: str = "vllm"  # vllm | hf
+    prompt_length: int = 64  # longest prompt in tokens (the data's max_prompt_length)
+    response_length: int = 32  # max new tokens per response in training (the data's max_response_length)
     n: int = 4
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    seed: int = 0
+    do_sample: bool = True
+    seed: Optional[int] = 0
     stop: list[str] = field(default_factory=list)
+    logprobs_mode: str = "processed_logprobs"  # processed_logprobs | raw_logprobs
     dtype: str = "float32"
-    max_model_len: Optional[int] = None  # null: max_prompt_length + max_response_length
+    max_model_len: Optional[int] = None  # null: prompt_length + response_length
+    max_num_seqs: int = 256
     enforce_eager: bool = True
-    kv_cache_space_gb: float = 1.0  # vLLM KV cache (VLLM_CPU_KVCACHE_SPACE on CPU)
+    enable_prefix_caching: bool = True
+    kv_cache_space_gb: Optional[float] = 1.0  # vLLM KV cache; null: gpu_memory_utilization decides (GPU only)
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1
     free_cache_engine: bool = True  # sleep/wake between phases when colocated on GPU
     weight_sync_bucket_mb: int = 64
     prompt_overflow: str = "error"  # error | truncate_left
     num_replicas: int = 0  # 0: one per actor DP rank (colocated); >0: a split rollout pool
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
     val_kwargs: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=1, temperature=0.0, do_sample=False))
 
 

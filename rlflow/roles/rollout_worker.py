@@ -1,0 +1,73 @@
+"""``RolloutWorker``: one rollout replica per process, driven by the controller through a worker group.
+
+Every process of the group is a replica of its own (tensor parallel size 1) and a DP rank of the
+``rollout`` mesh. ``generate_sequences`` spreads prompts over the replicas balanced by prompt
+token count (``DP_BALANCED_TOKENS``) and returns the samples in input order. In a split
+placement the trainer publishes its weights to the Ray object store (``publish_weights``) and
+``update_weights`` streams them into every replica.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rlflow.protocol import DataProto
+from rlflow.rollout import build_rollout, stream_published_weights
+from rlflow.rollout.balance import DP_BALANCED_TOKENS
+from rlflow.rollout.weight_sync import MiB
+from rlflow.workers import ONE_TO_ALL, Worker, register
+
+ROLLOUT_MESH = "rollout"
+
+
+class RolloutWorker(Worker):
+    """Hosts one ``BaseRollout`` replica (backend from ``config.name``) for the model at ``model_path``.
+
+    ``prompts.meta_info["validate"] = True`` selects ``config.val_kwargs`` sampling instead of
+    the training keys; ``meta_info["global_step"]`` enters the sampling seeds.
+    """
+
+    def __init__(self, config: Any, model_path: str | Path):
+        super().__init__()
+        self.config = config
+        self.register_mesh(ROLLOUT_MESH, dp_rank=self.rank, dp_size=self.world_size, is_collect=True)
+        self.rollout = build_rollout(config, model_path, self.device, replica_rank=self.rank)
+
+    @register(
+        dispatch_mode=DP_BALANCED_TOKENS,
+        mesh=ROLLOUT_MESH,
+        reduce={"timing_s/generate": "max", "rollout/generated_tokens": "sum"},
+    )
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generate this replica's share; per-replica timing goes to ``meta_info["metrics"]``."""
+        validate = bool(prompts.meta_info.get("validate", False))
+        start = time.perf_counter()
+        output = self.rollout.generate(prompts, self.config.val_kwargs if validate else None)
+        output.meta_info["metrics"] = {
+            "timing_s/generate": time.perf_counter() - start,
+            "rollout/generated_tokens": float(output.batch["response_mask"].sum()),
+        }
+        return output
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def update_weights(self, weight_refs: list) -> dict[str, float]:
+        """Load weights published with ``rlflow.rollout.publish_weights`` (a list of bucket ObjectRefs)."""
+        start = time.perf_counter()
+        loaded = self.rollout.update_weights(stream_published_weights(weight_refs))
+        return {"timing_s/weight_sync": time.perf_counter() - start, "weight_sync/mb": loaded / MiB}
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def sleep(self) -> None:
+        """Free engine memory until the next ``wake_up`` (GPU; a no-op on CPU)."""
+        self.rollout.sleep()
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def wake_up(self) -> None:
+        """Restore engine memory after ``sleep``."""
+        self.rollout.wake_up()
+
+    def close(self) -> None:
+        """Shut the engine down before the process exits (frees its shared memory)."""
+        self.rollout.shutdown()

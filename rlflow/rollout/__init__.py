@@ -1,0 +1,28 @@
+"""Rollout: generation backends (vLLM, HF) behind ``BaseRollout``, weight sync from the trainer, mismatch metrics.
+
+``build_rollout(config, model_path, device)`` picks the backend registered under ``config.name``.
+Importing this package registers both backends; vLLM itself is imported only when a vLLM
+rollout is built. See docs/rollout.md.
+"""
+
+from rlflow.rollout import hf_rollout, vllm_rollout  # noqa: F401  (register the backends)
+from rlflow.rollout.base import BaseRollout, build_rollout, register_rollout, rollout_names
+from rlflow.rollout.metrics import rollout_mismatch_metrics
+from rlflow.rollout.processing import PromptTooLongError
+from rlflow.rollout.sampling import Sampling, resolve_sampling
+from rlflow.rollout.weight_sync import WeightSyncError, iter_buckets, publish_weights, stream_published_weights
+
+__all__ = [
+    "BaseRollout",
+    "PromptTooLongError",
+    "Sampling",
+    "WeightSyncError",
+    "build_rollout",
+    "iter_buckets",
+    "publish_weights",
+    "register_rollout",
+    "resolve_sampling",
+    "rollout_mismatch_metrics",
+    "rollout_names",
+    "stream_published_weights",
+]

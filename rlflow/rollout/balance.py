@@ -1,0 +1,90 @@
+"""Token-balanced dispatch of prompts over rollout replicas.
+
+Plain ``DP_COMPUTE`` gives replica ``d`` the ``d``-th consecutive chunk, so one replica can get
+all the long prompts. ``DP_BALANCED_TOKENS`` is the same mesh dispatch with a reordering: it
+partitions the (padded) rows into ``dp_size`` equal-count parts with near-equal prompt-token
+sums, sends part ``d`` to DP rank ``d``, and on collect puts every output row back in input
+order. A method returning ``k`` rows per input row (``n`` samples) keeps them adjacent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from rlflow.protocol import DataProto, DataProtoError
+from rlflow.workers import DispatchContext, reduce_metrics, register_dispatch_mode
+from rlflow.workers.dispatch import RankCalls
+
+DP_BALANCED_TOKENS = "dp_balanced_tokens"
+
+
+def balanced_partition(weights: Sequence[int], parts: int) -> list[list[int]]:
+    """Split indices ``0..len(weights)-1`` into ``parts`` lists of equal size with near-equal weight sums.
+
+    Greedy: heaviest first, each to the lightest part that still has room. Deterministic (ties
+    go to the lower index). ``len(weights)`` must be a multiple of ``parts``.
+    """
+    if parts < 1 or len(weights) % parts:
+        raise ValueError(f"cannot split {len(weights)} items into {parts} equal parts")
+    capacity = len(weights) // parts
+    order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
+    members: list[list[int]] = [[] for _ in range(parts)]
+    sums = [0] * parts
+    for index in order:
+        part = min((p for p in range(parts) if len(members[p]) < capacity), key=lambda p: (sums[p], p))
+        members[part].append(index)
+        sums[part] += weights[index]
+    return [sorted(m) for m in members]
+
+
+def _the_dataproto(ctx: DispatchContext, args: tuple, kwargs: dict) -> DataProto:
+    found = [v for v in (*args, *kwargs.values()) if isinstance(v, DataProto)]
+    if len(found) != 1:
+        raise DataProtoError(f"{ctx.method} ({DP_BALANCED_TOKENS}) takes exactly one DataProto argument, got {len(found)}")
+    return found[0]
+
+
+def _dispatch(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
+    mesh = ctx.mesh
+    data = _the_dataproto(ctx, args, kwargs)
+    padded, pad_size = data.pad_to_divisor(mesh.dp_size)
+    if "attention_mask" not in padded.batch:
+        raise DataProtoError(f"{ctx.method} ({DP_BALANCED_TOKENS}) balances by 'attention_mask' token counts; it is missing")
+    tokens = padded.batch["attention_mask"].sum(dim=1).tolist()
+    order = np.concatenate([np.asarray(p, dtype=np.int64) for p in balanced_partition(tokens, mesh.dp_size)])
+    shards = padded[order].chunk(mesh.dp_size) if len(padded) else [padded] * mesh.dp_size
+    ctx.state.update(order=order, pad_size=pad_size, rows=len(data))
+
+    def pick(value: Any, dp: int) -> Any:
+        return shards[dp] if value is data else value
+
+    return {
+        rank: (tuple(pick(a, mesh.dp_rank_of[rank]) for a in args), {k: pick(v, mesh.dp_rank_of[rank]) for k, v in kwargs.items()})
+        for rank in range(ctx.world_size)
+    }
+
+
+def _collect(ctx: DispatchContext, outputs: Mapping[int, Any]) -> DataProto:
+    parts = [outputs[rank] for rank in ctx.mesh.collect_ranks]
+    if not all(isinstance(p, DataProto) for p in parts):
+        raise DataProtoError(f"{ctx.method} ({DP_BALANCED_TOKENS}) must return a DataProto from every replica")
+    merged = DataProto.concat(parts)
+    order: np.ndarray = ctx.state["order"]
+    if len(order) == 0:
+        return merged
+    per_row, remainder = divmod(len(merged), len(order))
+    if remainder or per_row < 1:
+        raise DataProtoError(f"{ctx.method}: replicas returned {len(merged)} rows for {len(order)} inputs; need k per input")
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order))  # where each input row went
+    rows = (position[: ctx.state["rows"], None] * per_row + np.arange(per_row)).reshape(-1)
+    restored = merged[rows]
+    metrics = [p.meta_info["metrics"] for p in parts if isinstance(p.meta_info.get("metrics"), dict)]
+    if metrics:
+        restored.meta_info["metrics"] = reduce_metrics(metrics, ctx.reduce)
+    return restored
+
+
+register_dispatch_mode(DP_BALANCED_TOKENS, _dispatch, _collect)

@@ -1,0 +1,149 @@
+"""``BaseRollout``: the interface every generation backend implements, and the backend registry.
+
+A backend only implements ``_sample`` (token ids in, n sampled responses with per-token
+log-probs out) and ``update_weights``; prompt unpadding, the overflow policy, response ends,
+seeds and the output DataProto are shared (``rlflow.rollout.processing``), so every backend
+returns the same layout. Add a backend with ``@register_rollout("name")`` on its class.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, TypeVar
+
+import torch
+
+from rlflow.config.validation import ConfigError
+from rlflow.models.loading import load_tokenizer
+from rlflow.protocol import DataProto
+from rlflow.rollout.processing import (
+    ResponseEnd,
+    build_rollout_output,
+    cut_responses,
+    eos_token_ids,
+    fit_prompts,
+    prompt_token_lists,
+)
+from rlflow.rollout.sampling import Sampling, check_logprobs_mode, resolve_sampling
+from rlflow.rollout.weight_sync import CheckedWeightStream, NamedTensors, WeightSyncError, checkpoint_weight_names
+from rlflow.utils.device import get_torch_device
+
+SeedKey = Optional[tuple[int, ...]]
+
+
+class BaseRollout(ABC):
+    """Generates responses for a batch of prompts and takes new weights from the trainer.
+
+    ``config`` is a ``RolloutConfig`` (dataclass or OmegaConf node); ``model_path`` an HF folder;
+    ``replica_rank`` tells replicas apart so seeded sampling differs between them.
+    """
+
+    def __init__(self, config: Any, model_path: str | Path, device: str | torch.device = "auto", replica_rank: int = 0):
+        self.config = config
+        self.model_path = str(model_path)
+        self.device = device if isinstance(device, torch.device) else get_torch_device(str(device))
+        self.replica_rank = replica_rank
+        self.logprobs_mode = check_logprobs_mode(config.logprobs_mode)
+        self.max_model_len = int(config.max_model_len or config.prompt_length + config.response_length)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.pad_token_id = int(self.tokenizer.pad_token_id)
+        self.eos_ids = eos_token_ids(self.model_path, self.tokenizer)
+        self.weight_names = checkpoint_weight_names(self.model_path)
+        self._weights_valid = True
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: DataProto, sampling: Any = None) -> DataProto:
+        """``sampling.n`` responses per prompt row; ``sampling`` defaults to the config's training keys.
+
+        ``prompts.meta_info["global_step"]`` (default 0) enters the seeds, so each step samples
+        afresh and a rerun with the same seed reproduces every step.
+        """
+        if not self._weights_valid:
+            raise WeightSyncError("the last weight sync failed part-way; the engine holds mixed weights until a sync succeeds")
+        params = resolve_sampling(self.config if sampling is None else sampling, self.config.response_length)
+        if len(prompts) == 0:
+            return build_rollout_output(prompts, [], [], [], params, self.pad_token_id)
+        tokens = fit_prompts(
+            prompt_token_lists(prompts), params.max_new_tokens, self.max_model_len, self.config.prompt_overflow
+        )
+        seed_key = None
+        if params.seed is not None:
+            seed_key = (int(params.seed), int(prompts.meta_info.get("global_step", 0)), self.replica_rank)
+        responses, log_probs = self._sample(tokens, params, seed_key)
+        responses, log_probs = cut_responses(responses, log_probs, ResponseEnd(self.eos_ids, params.stop, self.tokenizer))
+        return build_rollout_output(prompts, tokens, responses, log_probs, params, self.pad_token_id)
+
+    @abstractmethod
+    def _sample(
+        self, prompts: list[list[int]], sampling: Sampling, seed_key: SeedKey
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """``sampling.n`` responses per prompt, prompt-major, with the log-prob of each sampled token.
+
+        ``seed_key`` is None for unseeded sampling, else the integers every seed is mixed from.
+        Responses may run past their end; the caller cuts them.
+        """
+
+    # ------------------------------------------------------------------ weights and lifecycle
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load HF-named full tensors (the whole model) into the engine; returns the bytes loaded.
+
+        Names are checked against the checkpoint's: an unknown name or a missing one raises
+        ``WeightSyncError`` (a partial sync is never silent), and ``generate`` refuses to run
+        until a later sync succeeds.
+        """
+        stream = CheckedWeightStream(named_tensors, self.weight_names)
+        self._weights_valid = False
+        self._load_weights(stream)
+        stream.finish()
+        self._weights_valid = True
+        return stream.bytes_seen
+
+    @abstractmethod
+    def _load_weights(self, named_tensors: NamedTensors) -> None:
+        """Consume ``named_tensors`` into the engine and drop anything derived from the old weights."""
+
+    def sleep(self) -> None:
+        """Free engine memory between rollouts (colocated training); a no-op where unsupported."""
+
+    def wake_up(self) -> None:
+        """Undo ``sleep``; a no-op where unsupported."""
+
+    def shutdown(self) -> None:
+        """Release the engine; idempotent. Call it before the process exits."""
+
+    def __enter__(self) -> "BaseRollout":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+_ROLLOUTS: dict[str, type[BaseRollout]] = {}
+R = TypeVar("R", bound=type[BaseRollout])
+
+
+def register_rollout(name: str) -> Callable[[R], R]:
+    """Class decorator: make a ``BaseRollout`` subclass available as ``rollout.name: <name>``."""
+
+    def decorate(cls: R) -> R:
+        if name in _ROLLOUTS and _ROLLOUTS[name] is not cls:
+            raise ValueError(f"rollout backend {name!r} is already registered by {_ROLLOUTS[name].__qualname__}")
+        _ROLLOUTS[name] = cls
+        return cls
+
+    return decorate
+
+
+def rollout_names() -> list[str]:
+    """Names of the registered rollout backends."""
+    return sorted(_ROLLOUTS)
+
+
+def build_rollout(
+    config: Any, model_path: str | Path, device: str | torch.device = "auto", replica_rank: int = 0
+) -> BaseRollout:
+    """The backend named by ``config.name``, built for ``model_path`` on ``device``."""
+    if config.name not in _ROLLOUTS:
+        raise ConfigError(f"config key 'rollout.name': unknown rollout backend {config.name!r}; choose one of {rollout_names()}")
+    return _ROLLOUTS[config.name](config, model_path, device, replica_rank)

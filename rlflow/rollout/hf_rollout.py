@@ -1,0 +1,114 @@
+"""The HF backend: batched ``model.generate`` with left padding, for the smallest models and for tests.
+
+Log-probs follow ``rollout.logprobs_mode`` exactly as vLLM defines it:
+
+* ``processed_logprobs``: ``log_softmax`` of the scores generate sampled from (after temperature,
+  top-k and top-p; with greedy decoding, the raw logits);
+* ``raw_logprobs``: ``log_softmax`` of the raw logits.
+
+The model's own ``generation_config`` defaults (repetition penalty, top-k 50 ...) are replaced by
+a neutral one, so only the rollout's sampling parameters shape the distribution, as in vLLM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+from rlflow.models.loading import load_causal_lm
+from rlflow.rollout.base import BaseRollout, SeedKey, register_rollout
+from rlflow.rollout.processing import ResponseEnd
+from rlflow.rollout.sampling import Sampling, request_seed
+from rlflow.rollout.weight_sync import NamedTensors
+
+
+class _StopAtResponseEnd(StoppingCriteria):
+    """Marks a row finished once its response contains a stop string (``ResponseEnd`` decides)."""
+
+    def __init__(self, end: ResponseEnd, prompt_width: int):
+        self.end, self.prompt_width = end, prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        responses = input_ids[:, self.prompt_width :].tolist()
+        return torch.tensor([self.end.end(row) is not None for row in responses], device=input_ids.device)
+
+
+@register_rollout("hf")
+class HFRollout(BaseRollout):
+    """Rollout with Hugging Face ``generate`` on the rollout's own copy of the model."""
+
+    def __init__(self, config: Any, model_path: str | Path, device: str | torch.device = "auto", replica_rank: int = 0):
+        super().__init__(config, model_path, device, replica_rank)
+        self.model = load_causal_lm(self.model_path, dtype=config.dtype).to(self.device).eval()
+        self.model.generation_config = GenerationConfig(
+            eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_token_id, bos_token_id=None
+        )
+
+    def _generation_config(self, sampling: Sampling) -> GenerationConfig:
+        processed = self.logprobs_mode == "processed_logprobs"
+        warpers = {} if sampling.greedy else {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": max(sampling.top_k, 0),  # 0: off
+        }
+        return GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not sampling.greedy,
+            eos_token_id=sorted(self.eos_ids),
+            pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+            output_scores=processed,
+            output_logits=not processed,
+            **warpers,
+        )
+
+    def _sample(
+        self, prompts: list[list[int]], sampling: Sampling, seed_key: SeedKey
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        expanded = [prompt for prompt in prompts for _ in range(sampling.n)]
+        generation_config = self._generation_config(sampling)
+        batch_size = int(self.config.max_num_seqs)
+        responses, log_probs = [], []
+        for index, start in enumerate(range(0, len(expanded), batch_size)):
+            seed = None if seed_key is None else request_seed(*seed_key, index)
+            tokens, values = self._generate_batch(expanded[start : start + batch_size], sampling, generation_config, seed)
+            responses += tokens
+            log_probs += values
+        return responses, log_probs
+
+    def _generate_batch(
+        self, prompts: list[list[int]], sampling: Sampling, generation_config: GenerationConfig, seed: int | None
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt) :] = torch.as_tensor(prompt)
+            attention_mask[i, width - len(prompt) :] = 1
+        stopping = None
+        if sampling.stop:
+            end = ResponseEnd(self.eos_ids, sampling.stop, self.tokenizer)
+            stopping = StoppingCriteriaList([_StopAtResponseEnd(end, width)])
+        rng_devices = [] if self.device.type == "cpu" else [self.device]
+        with torch.no_grad(), torch.random.fork_rng(devices=rng_devices, enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                generation_config=generation_config,
+                stopping_criteria=stopping,
+            )
+        generated = out.sequences[:, width:]
+        scores = torch.stack(out.scores if out.scores is not None else out.logits, dim=1)
+        token_log_probs = scores.float().log_softmax(dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
+        return generated.cpu().tolist(), token_log_probs.cpu().tolist()
+
+    def _load_weights(self, named_tensors: NamedTensors) -> None:
+        state = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                state[name].copy_(tensor)

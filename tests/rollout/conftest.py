@@ -1,0 +1,24 @@
+"""Rollout test fixtures: the tiny preset (built once per session) and its HF model and tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlflow.models.loading import load_causal_lm, load_tokenizer
+from rlflow.models.presets import build_preset
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory):
+    return build_preset(tmp_path_factory.mktemp("rollout-preset") / "tiny", size="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_path):
+    return load_tokenizer(tiny_path)
+
+
+@pytest.fixture()
+def hf_model(tiny_path):
+    """A fresh fp32 HF model of the preset (tests may change its weights)."""
+    return load_causal_lm(tiny_path, dtype="float32").eval()

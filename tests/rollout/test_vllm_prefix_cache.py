@@ -1,0 +1,43 @@
+"""vLLM only: after a weight sync the prefix cache must be reset, or cached prompt KV from the old weights is reused.
+
+This is the teeth of the sync check: the same comparison that passes after a normal
+``update_weights`` fails when the reset is skipped.
+"""
+
+from __future__ import annotations
+
+import pytest
+from rollout_testlib import make_prompts, max_log_prob_error, perturbed_state, rollout_config
+
+from rlflow.config.schema import SamplingConfig
+from rlflow.rollout import build_rollout
+
+GREEDY = SamplingConfig(n=1, do_sample=False)
+
+
+@pytest.fixture(scope="module")
+def vllm_rollout(tiny_path):
+    engine = build_rollout(rollout_config("vllm", prompt_length=300, response_length=8), tiny_path, "cpu")
+    yield engine
+    engine.shutdown()
+
+
+def test_sync_without_prefix_cache_reset_serves_stale_log_probs(vllm_rollout, tokenizer, hf_model, monkeypatch):
+    long_prompt = make_prompts(tokenizer, token_lists=[[(7 * i) % 300 + 3 for i in range(280)]])  # > 2 KV blocks
+    original = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    first, second = perturbed_state(hf_model, seed=4), perturbed_state(hf_model, seed=5)
+    try:
+        vllm_rollout.generate(long_prompt, GREEDY)  # fills the prefix cache with the original weights' KV
+        vllm_rollout.update_weights(first.items())
+        hf_model.load_state_dict(first)
+        assert max_log_prob_error(hf_model, vllm_rollout.generate(long_prompt, GREEDY)) <= 1e-4
+
+        monkeypatch.setattr(vllm_rollout._llm, "reset_prefix_cache", lambda *args, **kwargs: True)
+        vllm_rollout.update_weights(second.items())
+        hf_model.load_state_dict(second)
+        assert max_log_prob_error(hf_model, vllm_rollout.generate(long_prompt, GREEDY)) > 1e-2  # stale prompt KV
+        monkeypatch.undo()
+        vllm_rollout._llm.reset_prefix_cache()
+        assert max_log_prob_error(hf_model, vllm_rollout.generate(long_prompt, GREEDY)) <= 1e-4
+    finally:
+        vllm_rollout.update_weights(original.items())
