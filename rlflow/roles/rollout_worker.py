@@ -22,18 +22,16 @@ from rlflow.workers import ONE_TO_ALL, Worker, register
 ROLLOUT_MESH = "rollout"
 
 
-class RolloutWorker(Worker):
-    """Hosts one ``BaseRollout`` replica (backend from ``config.name``) for the model at ``model_path``.
+class RolloutMethods:
+    """The controller-facing rollout methods, for any worker that sets ``self.rollout`` (a
+    ``BaseRollout``) and ``self.config`` (its ``RolloutConfig``) and registers the ``rollout`` mesh.
 
     ``prompts.meta_info["validate"] = True`` selects ``config.val_kwargs`` sampling instead of
     the training keys; ``meta_info["global_step"]`` enters the sampling seeds.
     """
 
-    def __init__(self, config: Any, model_path: str | Path):
-        super().__init__()
-        self.config = config
-        self.register_mesh(ROLLOUT_MESH, dp_rank=self.rank, dp_size=self.world_size, is_collect=True)
-        self.rollout = build_rollout(config, model_path, self.device, replica_rank=self.rank)
+    rollout: Any
+    config: Any
 
     @register(
         dispatch_mode=DP_BALANCED_TOKENS,
@@ -52,13 +50,6 @@ class RolloutWorker(Worker):
         return output
 
     @register(dispatch_mode=ONE_TO_ALL)
-    def update_weights(self, weight_refs: list) -> dict[str, float]:
-        """Load weights published with ``rlflow.rollout.publish_weights`` (a list of bucket ObjectRefs)."""
-        start = time.perf_counter()
-        loaded = self.rollout.update_weights(stream_published_weights(weight_refs))
-        return {"timing_s/weight_sync": time.perf_counter() - start, "weight_sync/mb": loaded / MiB}
-
-    @register(dispatch_mode=ONE_TO_ALL)
     def sleep(self) -> None:
         """Free engine memory until the next ``wake_up`` (GPU; a no-op on CPU)."""
         self.rollout.sleep()
@@ -71,3 +62,20 @@ class RolloutWorker(Worker):
     def close(self) -> None:
         """Shut the engine down before the process exits (frees its shared memory)."""
         self.rollout.shutdown()
+
+
+class RolloutWorker(RolloutMethods, Worker):
+    """Hosts one ``BaseRollout`` replica (backend from ``config.name``) for the model at ``model_path``."""
+
+    def __init__(self, config: Any, model_path: str | Path):
+        super().__init__()
+        self.config = config
+        self.register_mesh(ROLLOUT_MESH, dp_rank=self.rank, dp_size=self.world_size, is_collect=True)
+        self.rollout = build_rollout(config, model_path, self.device, replica_rank=self.rank)
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def update_weights(self, weight_refs: list) -> dict[str, float]:
+        """Load weights published with ``rlflow.rollout.publish_weights`` (a list of bucket ObjectRefs)."""
+        start = time.perf_counter()
+        loaded = self.rollout.update_weights(stream_published_weights(weight_refs))
+        return {"timing_s/weight_sync": time.perf_counter() - start, "weight_sync/mb": loaded / MiB}

@@ -1,0 +1,62 @@
+"""``Actor``: the policy being trained. The PPO update loop lives in the controller (Tinker-style):
+it calls ``forward_backward`` per mini-batch and ``optim_step`` per optimizer step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from rlflow.protocol import DataProto
+from rlflow.roles.batch_views import engine_batch
+from rlflow.roles.engine_role import EngineRole, response_log_probs
+from rlflow.roles.losses import make_policy_loss_fn
+from rlflow.rollout import publish_weights
+from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
+
+ACTOR_MESH = "actor"
+POLICY_INPUTS = ("old_log_probs", "advantages")
+
+
+class Actor(EngineRole):
+    """Hosts the policy engine: log-probs, and the policy-gradient update in controller-driven steps.
+
+    ``data.meta_info["temperature"]`` (the rollout's sampling temperature) scales the logits.
+    """
+
+    def __init__(self, actor_config: Any, model_path: str | Path):
+        super().__init__(actor_config.engine, model_path, ACTOR_MESH)
+        self.actor_config = actor_config
+        self.loss_fn = make_policy_loss_fn(actor_config)
+
+    @register(dispatch_mode=DP_COMPUTE, mesh=ACTOR_MESH)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` and ``entropys`` ``[B, R]`` of the responses under the current policy."""
+        out = response_log_probs(self.engine, data, data.meta_info.get("temperature", 1.0), with_entropy=True)
+        return out.rename(["log_probs", "entropy"], ["old_log_probs", "entropys"])
+
+    @register(dispatch_mode=DP_COMPUTE, mesh=ACTOR_MESH)
+    def forward_backward(self, data: DataProto) -> dict[str, float]:
+        """Accumulate the policy-loss gradient of one mini-batch (this rank's share of it)."""
+        extra = POLICY_INPUTS + (("ref_log_prob",) if self.actor_config.use_kl_loss else ())
+        view = engine_batch(data, extra_keys=extra)
+        view.meta_info = {
+            "temperature": data.meta_info.get("temperature", 1.0),
+            "compute_entropy": self.actor_config.entropy_coeff != 0,
+        }
+        with self.engine.train_mode():
+            _, metrics = self.engine.forward_backward(view, self.loss_fn)
+        return {key: value for key, value in metrics.items() if key.startswith("actor/")}
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def optim_step(self, lr: Optional[float] = None) -> dict[str, float]:
+        """Clip, step and advance the LR schedule (``lr`` overrides it for this step)."""
+        return {f"actor/{key}": float(value) for key, value in self.engine.optim_step(lr).items()}
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def publish_weights(self, bucket_mb: float) -> list:
+        """Export the weights (collective); rank 0 puts them in the Ray object store, bucket by bucket.
+
+        Returns rank 0's list of bucket refs (other ranks return an empty list); a split rollout
+        pool loads them with ``RolloutWorker.update_weights``.
+        """
+        return publish_weights(self.engine.export_hf_weights(), bucket_mb, publish=self.rank == 0)

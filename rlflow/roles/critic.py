@@ -1,0 +1,56 @@
+"""``Critic``: the value model for GAE, trained with PPO's clipped value loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlflow.protocol import DataProto
+from rlflow.roles.batch_views import engine_batch, response_length, state_values_slice
+from rlflow.roles.engine_role import EngineRole
+from rlflow.roles.losses import make_value_loss_fn
+from rlflow.trainer.tracking import reduce_metrics
+from rlflow.workers import DP_COMPUTE, register
+
+CRITIC_MESH = "critic"
+
+
+class Critic(EngineRole):
+    """Hosts a value-head engine: ``compute_values`` and ``update_critic`` (mini-batches x epochs inside)."""
+
+    model_kind = "value"
+
+    def __init__(self, critic_config: Any, model_path: str | Path):
+        super().__init__(critic_config.engine, model_path, CRITIC_MESH)
+        self.critic_config = critic_config
+        self.loss_fn = make_value_loss_fn(critic_config)
+
+    @register(dispatch_mode=DP_COMPUTE, mesh=CRITIC_MESH)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values`` ``[B, R]``: the value of the state each response token is generated from."""
+        with self.engine.eval_mode(), torch.no_grad():
+            outputs, _ = self.engine.forward_backward(engine_batch(data), forward_only=True)
+        values = state_values_slice(outputs.batch["values"], response_length(data))
+        return DataProto.from_dict({"values": values * data.batch["response_mask"]})
+
+    @register(dispatch_mode=DP_COMPUTE, mesh=CRITIC_MESH)
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """PPO value updates over this rank's share: ``critic.ppo_epochs`` x mini-batches.
+
+        ``data.meta_info["mini_batch_size"]`` is the global mini-batch size in sequences.
+        """
+        cfg = self.critic_config
+        local_mini_batch = max(1, data.meta_info["mini_batch_size"] // self.engine.mesh.dp_size)
+        view = engine_batch(data, extra_keys=("values", "returns"))
+        step_metrics = []
+        with self.engine.train_mode():
+            for mini_batch in view.make_iterator(local_mini_batch, cfg.ppo_epochs, cfg.shuffle, seed=data.meta_info.get("seed", 0)):
+                _, metrics = self.engine.forward_backward(mini_batch, self.loss_fn)
+                step = self.engine.optim_step()
+                step_metrics.append(
+                    {**{k: v for k, v in metrics.items() if k.startswith("critic/")},
+                     "critic/grad_norm": step["grad_norm"], "critic/lr": step["lr"]}
+                )
+        return reduce_metrics(step_metrics)

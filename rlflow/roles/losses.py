@@ -1,0 +1,92 @@
+"""The RL losses the roles hand to an engine, built from ``core_algos`` and the role's config.
+
+Each builder returns an engine ``LossFn``: ``(outputs, micro_batch, ctx) -> (loss, metrics)``.
+The loss is scaled with the engine's global counts (``LossContext``) so the accumulated
+gradient is that of the whole mini-batch loss. A metric that is a share of the global loss
+(already ``dp_size`` times its share) is multiplied by ``ctx.num_micro_batches``, so that the
+engine's micro-batch mean and the controller's DP mean turn it back into the global value.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from rlflow.engines.base import LossContext, LossFn
+from rlflow.protocol import DataProto
+from rlflow.roles.batch_views import response_length, response_slice, state_values_slice
+from rlflow.trainer.core_algos import agg_loss, compute_value_loss, get_policy_loss_fn, kl_penalty, masked_mean
+
+
+def global_batch_info(ctx: LossContext) -> dict[str, int]:
+    """``agg_loss`` keyword arguments for global normalization."""
+    return {"dp_size": ctx.dp_size, "batch_num_tokens": ctx.global_num_tokens, "global_batch_size": ctx.global_num_seqs}
+
+
+def _share(value: torch.Tensor, ctx: LossContext) -> float:
+    return float(value.detach()) * ctx.num_micro_batches
+
+
+def make_policy_loss_fn(actor_config: Any) -> LossFn:
+    """PPO-family policy loss (``actor.policy_loss.loss_mode``) + entropy bonus + optional KL loss."""
+    policy_loss = get_policy_loss_fn(actor_config.policy_loss.loss_mode)
+    agg_mode = actor_config.loss_agg_mode
+
+    def loss_fn(outputs: dict[str, torch.Tensor], micro: DataProto, ctx: LossContext) -> tuple[torch.Tensor, dict]:
+        length = response_length(micro)
+        mask = micro.batch["response_mask"]
+        log_prob = response_slice(outputs["log_probs"], length)
+        info = global_batch_info(ctx)
+        loss_config = SimpleNamespace(**_plain(actor_config), global_batch_info=info)
+        pg_loss, metrics = policy_loss(
+            micro.batch["old_log_probs"], log_prob, micro.batch["advantages"], mask, agg_mode, loss_config
+        )
+        loss = pg_loss
+        metrics = {**metrics, "actor/pg_loss": _share(pg_loss, ctx)}
+        if "entropy" in outputs:
+            entropy = agg_loss(response_slice(outputs["entropy"], length), mask, agg_mode, **info)
+            loss = loss - actor_config.entropy_coeff * entropy
+            metrics["actor/entropy"] = _share(entropy, ctx)
+        if actor_config.use_kl_loss:
+            token_kl = kl_penalty(log_prob, micro.batch["ref_log_prob"], actor_config.kl_loss_type)
+            kl_loss = agg_loss(token_kl, mask, agg_mode, **info)
+            loss = loss + actor_config.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = _share(kl_loss, ctx)
+        return loss, metrics
+
+    return loss_fn
+
+
+def make_value_loss_fn(critic_config: Any) -> LossFn:
+    """PPO's clipped value loss on the critic's response-state values."""
+
+    def loss_fn(outputs: dict[str, torch.Tensor], micro: DataProto, ctx: LossContext) -> tuple[torch.Tensor, dict]:
+        length = response_length(micro)
+        mask = micro.batch["response_mask"]
+        vpreds = state_values_slice(outputs["values"], length)
+        vf_loss, clipfrac = compute_value_loss(
+            vpreds,
+            micro.batch["returns"],
+            micro.batch["values"],
+            mask,
+            critic_config.cliprange_value,
+            critic_config.loss_agg_mode,
+            global_batch_info=global_batch_info(ctx),
+        )
+        metrics = {
+            "critic/vf_loss": _share(vf_loss, ctx),
+            "critic/vf_clipfrac": float(clipfrac),
+            "critic/vpred_mean": float(masked_mean(vpreds.detach(), mask)),
+        }
+        return vf_loss, metrics
+
+    return loss_fn
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    """Top-level fields of an OmegaConf node / dataclass / namespace as attributes for core_algos."""
+    if hasattr(config, "items"):
+        return {key: value for key, value in config.items()}
+    return dict(vars(config))

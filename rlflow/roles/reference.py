@@ -1,0 +1,24 @@
+"""``Reference``: the frozen reference policy, forward only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlflow.protocol import DataProto
+from rlflow.roles.engine_role import EngineRole, response_log_probs
+from rlflow.workers import DP_COMPUTE, register
+
+REF_MESH = "ref"
+
+
+class Reference(EngineRole):
+    """Hosts the reference engine; ``compute_ref_log_prob`` gives ``ref_log_prob`` ``[B, R]``."""
+
+    def __init__(self, ref_config: Any, model_path: str | Path):
+        super().__init__(ref_config.engine, model_path, REF_MESH)
+
+    @register(dispatch_mode=DP_COMPUTE, mesh=REF_MESH)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        out = response_log_probs(self.engine, data, data.meta_info.get("temperature", 1.0), with_entropy=False)
+        return out.rename(["log_probs"], ["ref_log_prob"])

@@ -1,0 +1,95 @@
+"""Place the PPO roles on Ray worker groups.
+
+``colocated`` (the default): one resource pool; every process hosts the fused
+``ActorRolloutRef`` (actor engine, rollout replica, optional reference engine) and, for
+GAE, a ``Critic``. Weight sync is an in-process copy.
+
+``split``: a pool per role. The rollout pool (``rollout.num_replicas`` processes) receives
+the actor's weights through the Ray object store after every update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from rlflow.roles.actor import Actor
+from rlflow.roles.actor_rollout_ref import ActorRolloutRef
+from rlflow.roles.critic import Critic
+from rlflow.roles.reference import Reference
+from rlflow.roles.rollout_worker import RolloutWorker
+from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
+
+
+@dataclass
+class PlacedRoles:
+    """The controller's handles on each role, whichever groups host them."""
+
+    actor: RoleHandle
+    rollout: RoleHandle
+    ref: Optional[RoleHandle]
+    critic: Optional[RoleHandle]
+    colocated: bool
+    groups: list[RayWorkerGroup] = field(default_factory=list)
+
+    def sync_weights(self, bucket_mb: float) -> dict[str, float]:
+        """Push the actor's weights into every rollout replica."""
+        if self.colocated:
+            return self.actor.sync_weights()[0]
+        refs = self.actor.publish_weights(bucket_mb)[0]
+        return self.rollout.update_weights(refs)[0]
+
+    def shutdown(self) -> None:
+        for group in reversed(self.groups):
+            group.shutdown()
+
+
+def _pool(trainer_config: Any, name: str, procs_per_node: int) -> ResourcePool:
+    return ResourcePool(
+        procs_per_node=procs_per_node,
+        nnodes=trainer_config.nnodes,
+        cpus_per_proc=trainer_config.cpus_per_proc,
+        device=trainer_config.device,
+        name=name,
+    )
+
+
+def place_roles(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
+    """Start the worker groups ``trainer.placement`` asks for."""
+    placements = {"colocated": _place_colocated, "split": _place_split}
+    return placements[config.trainer.placement](config, model_path, use_ref, use_critic)
+
+
+def _place_colocated(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
+    workers = {
+        "actor": WorkerSpec(ActorRolloutRef, config.actor, config.rollout, str(model_path), config.ref if use_ref else None)
+    }
+    if use_critic:
+        workers["critic"] = WorkerSpec(Critic, config.critic, str(model_path))
+    group = RayWorkerGroup(_pool(config.trainer, "colocated", config.trainer.n_procs_per_node), workers, name="colocated")
+    actor = group.role("actor")
+    return PlacedRoles(actor, actor, actor if use_ref else None, group.role("critic") if use_critic else None,
+                       colocated=True, groups=[group])
+
+
+def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
+    groups = []
+
+    def start(name: str, spec: WorkerSpec, procs: int) -> RoleHandle:
+        group = RayWorkerGroup(_pool(config.trainer, name, procs), spec, name=name)
+        groups.append(group)
+        return group.role("main")
+
+    try:
+        procs = config.trainer.n_procs_per_node
+        actor = start("actor", WorkerSpec(Actor, config.actor, str(model_path)), procs)
+        rollout = start("rollout", WorkerSpec(RolloutWorker, config.rollout, str(model_path)),
+                        config.rollout.num_replicas or procs)
+        ref = start("ref", WorkerSpec(Reference, config.ref, str(model_path)), procs) if use_ref else None
+        critic = start("critic", WorkerSpec(Critic, config.critic, str(model_path)), procs) if use_critic else None
+    except BaseException:
+        for group in reversed(groups):
+            group.shutdown()
+        raise
+    return PlacedRoles(actor, rollout, ref, critic, colocated=False, groups=groups)

@@ -1,0 +1,287 @@
+"""The PPO/GRPO driver: one controller process that moves ``DataProto`` batches between worker groups.
+
+Each step: generate -> reward -> old log-probs -> ref log-probs (KL) -> values (GAE) ->
+KL-in-reward -> advantages -> critic update -> actor update (controller loop, two worker
+round trips per mini-batch) -> weight sync. The controller holds no model weights.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from rlflow.config import ConfigError
+from rlflow.data.rl_dataset import build_rl_loader
+from rlflow.models.ensure import ensure_model
+from rlflow.models.loading import load_tokenizer
+from rlflow.protocol import DataProto
+from rlflow.rewards.manager import RewardManager
+from rlflow.rollout import rollout_mismatch_metrics
+from rlflow.trainer.batch_balance import balance_batch
+from rlflow.trainer.checkpoint import CheckpointManager
+from rlflow.trainer.core_algos import apply_kl_penalty, compute_advantage, get_adv_estimator_fn, get_kl_controller
+from rlflow.trainer.placement import PlacedRoles, place_roles
+from rlflow.trainer.ppo_metrics import data_metrics, throughput_metrics, validation_metrics
+from rlflow.trainer.tracking import Tracking, reduce_metrics
+from rlflow.utils.logging import get_logger
+from rlflow.utils.seed import get_rng_state, set_rng_state, set_seed
+from rlflow.utils.timer import timed
+from rlflow.workers import init_ray, shutdown_ray
+
+logger = get_logger(__name__)
+
+ACTOR_UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs", "advantages")
+
+
+def run_ppo(config: DictConfig) -> None:
+    """Train with a validated ``ppo_trainer`` config (see ``rlflow.trainer.main_ppo``)."""
+    trainer = PPOTrainer(config)
+    try:
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+
+
+def _needs(estimator: str, input_name: str) -> bool:
+    return input_name in inspect.signature(get_adv_estimator_fn(estimator)).parameters
+
+
+class PPOTrainer:
+    """The single controller of a PPO-family run: data, rewards, advantages and the step loop."""
+
+    def __init__(self, config: DictConfig):
+        self.config = config
+        algo = config.algorithm
+        self.use_critic = _needs(algo.adv_estimator, "values")
+        self.use_ref = bool(algo.use_kl_in_reward or config.actor.use_kl_loss)
+        self.needs_greedy_baseline = _needs(algo.adv_estimator, "reward_baselines")
+        self.model_path = ensure_model(config.model)
+        self.tokenizer = load_tokenizer(config.model.tokenizer_path or self.model_path)
+        self.train_loader = build_rl_loader(config.data, self.tokenizer, "train")
+        self.val_loader = build_rl_loader(config.data, self.tokenizer, "val") if config.data.val_files else None
+        self.total_steps = config.trainer.total_training_steps or len(self.train_loader) * config.trainer.total_epochs
+        self._check_batch_sizes()
+        self._fill_derived_config()
+        self.kl_ctrl = get_kl_controller(algo.kl_ctrl)
+        self.reward_manager = RewardManager(self.tokenizer, config.reward)
+        self.checkpoints = CheckpointManager(config.trainer.default_local_dir, config.trainer.max_ckpt_to_keep)
+        set_seed(config.trainer.seed)
+        self.roles: Optional[PlacedRoles] = None
+        self.tracking: Optional[Tracking] = None
+        self._batches: Optional[Iterator[DataProto]] = None
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def world_size(self) -> int:
+        return self.config.trainer.nnodes * self.config.trainer.n_procs_per_node
+
+    def _check_batch_sizes(self) -> None:
+        """Every mini-batch must split evenly over the DP ranks, so no update sees padded rows."""
+        cfg, n = self.config, self.config.rollout.n
+        checks = [("actor", cfg.actor.ppo_mini_batch_size)] + ([("critic", cfg.critic.ppo_mini_batch_size)] if self.use_critic else [])
+        for role, mini in checks:
+            if cfg.data.train_batch_size % mini:
+                raise ConfigError(f"config key '{role}.ppo_mini_batch_size': {mini} must divide data.train_batch_size "
+                                  f"({cfg.data.train_batch_size})")
+            if (mini * n) % self.world_size:
+                raise ConfigError(f"config key '{role}.ppo_mini_batch_size': {mini} prompts x rollout.n={n} must divide "
+                                  f"evenly over {self.world_size} worker processes")
+
+    def _fill_derived_config(self) -> None:
+        """The LR schedule length of each engine (``lr_scheduler.total_steps: 0``) from the run's length."""
+        cfg = self.config
+        updates_per_step = cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size * cfg.actor.ppo_epochs
+        with open_dict(cfg):
+            for role in ("actor", "critic"):
+                schedule = cfg[role].engine.lr_scheduler
+                if schedule.total_steps == 0:
+                    schedule.total_steps = self.total_steps * updates_per_step
+
+    def _start_workers(self) -> None:
+        trainer = self.config.trainer
+        init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus)
+        self.roles = place_roles(self.config, self.model_path, self.use_ref, self.use_critic)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> None:
+        """Run from the resumed (or first) step to ``total_steps``; validate, checkpoint, export."""
+        trainer = self.config.trainer
+        self._start_workers()
+        start_step = self._resume()
+        self.tracking = Tracking(trainer.project_name, trainer.experiment_name, trainer.logger,
+                                 OmegaConf.to_container(self.config), trainer.default_local_dir, self.total_steps)
+        if trainer.val_before_train and start_step == 0 and self.val_loader is not None:
+            self.tracking.log(self.validate(), step=0)
+        for step in range(start_step + 1, self.total_steps + 1):
+            metrics = self.train_step(self._next_batch(), step)
+            last = step == self.total_steps
+            if self.val_loader is not None and (last or (trainer.test_freq > 0 and step % trainer.test_freq == 0)):
+                metrics.update(self.validate())
+            if last or (trainer.save_freq > 0 and step % trainer.save_freq == 0):
+                self.save_checkpoint(step)
+            self.tracking.log(metrics, step=step)
+        export_dir = trainer.export_hf_dir or str(Path(trainer.default_local_dir) / "hf")
+        self.roles.actor.save_hf(export_dir)
+        logger.info("exported the trained actor to %s", export_dir)
+
+    def _next_batch(self) -> DataProto:
+        while True:
+            if self._batches is None:
+                self._batches = iter(self.train_loader)
+            batch = next(self._batches, None)
+            if batch is not None:
+                return batch
+            self._batches = None  # epoch finished: the loader's next iteration is the next epoch
+
+    def train_step(self, prompts: DataProto, step: int) -> dict[str, float]:
+        """One PPO step on a batch of prompts; returns the step's metrics."""
+        cfg, roles = self.config, self.roles
+        timings: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        prompts.meta_info["global_step"] = step
+        with timed("step", timings):
+            with timed("gen", timings):
+                batch = roles.rollout.generate_sequences(prompts)
+            metrics.update(batch.meta_info.pop("metrics", {}))
+            batch.meta_info = {"temperature": cfg.rollout.temperature, "global_step": step}
+            batch = balance_batch(batch, self.world_size)
+            with timed("reward", timings):
+                scores, reward_metrics = self.reward_manager(batch)
+                batch.batch["token_level_scores"] = scores
+                metrics.update(reward_metrics)
+            with timed("old_log_prob", timings):
+                batch.union(roles.actor.compute_log_prob(batch))
+            metrics.update(rollout_mismatch_metrics(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
+                                                    batch.batch["response_mask"]))
+            if self.use_ref:
+                with timed("ref", timings):
+                    batch.union(roles.ref.compute_ref_log_prob(batch))
+            if self.use_critic:
+                with timed("values", timings):
+                    batch.union(roles.critic.compute_values(batch))
+            with timed("adv", timings):
+                metrics.update(self._compute_advantages(batch, prompts))
+            if self.use_critic:
+                with timed("update_critic", timings):
+                    metrics.update(self._update_critic(batch, step))
+            if step > cfg.critic.warmup_steps or not self.use_critic:
+                with timed("update_actor", timings):
+                    metrics.update(self._update_actor(batch, step))
+                with timed("weight_sync", timings):
+                    metrics.update(roles.sync_weights(cfg.rollout.weight_sync_bucket_mb))
+        metrics.update(data_metrics(batch, use_critic=self.use_critic))
+        metrics.update({f"timing_s/{name}": seconds for name, seconds in timings.items()})
+        metrics.update(throughput_metrics(batch, timings, self.world_size))
+        metrics["training/global_step"] = step
+        metrics["training/epoch"] = self.train_loader.epoch
+        return metrics
+
+    def _compute_advantages(self, batch: DataProto, prompts: DataProto) -> dict[str, float]:
+        algo, metrics = self.config.algorithm, {}
+        scores = batch.batch["token_level_scores"]
+        rewards = scores
+        if algo.use_kl_in_reward:
+            rewards, metrics = apply_kl_penalty(scores, batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
+                                                batch.batch["response_mask"], self.kl_ctrl, algo.kl_penalty)
+        batch.batch["token_level_rewards"] = rewards
+        advantages, returns = compute_advantage(
+            algo.adv_estimator,
+            token_level_rewards=rewards,
+            response_mask=batch.batch["response_mask"],
+            values=batch.batch.get("values"),
+            index=batch.non_tensor_batch["uid"],
+            reward_baselines=self._greedy_baselines(prompts, batch) if self.needs_greedy_baseline else None,
+            gamma=algo.gamma,
+            lam=algo.lam,
+            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+        )
+        batch.batch["advantages"], batch.batch["returns"] = advantages, returns
+        return metrics
+
+    def _greedy_baselines(self, prompts: DataProto, batch: DataProto) -> torch.Tensor:
+        """ReMax's baseline: the reward of each prompt's greedy response, matched to the batch rows by uid."""
+        greedy_prompts = prompts.select()
+        greedy_prompts.meta_info["validate"] = True
+        greedy = self.roles.rollout.generate_sequences(greedy_prompts)
+        greedy.meta_info.pop("metrics", None)
+        scores, _ = self.reward_manager(greedy)
+        by_uid = dict(zip(greedy.non_tensor_batch["uid"].tolist(), scores.sum(-1).tolist()))
+        return torch.tensor([by_uid[uid] for uid in batch.non_tensor_batch["uid"].tolist()], dtype=torch.float32)
+
+    def _update_actor(self, batch: DataProto, step: int) -> dict[str, float]:
+        """PPO epochs x shuffled mini-batches: ``forward_backward`` then ``optim_step`` for each."""
+        actor_cfg = self.config.actor
+        keys = ACTOR_UPDATE_KEYS + (("ref_log_prob",) if actor_cfg.use_kl_loss else ())
+        update = batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=["temperature"])
+        mini_batch = actor_cfg.ppo_mini_batch_size * self.config.rollout.n
+        step_metrics = []
+        for mini in update.make_iterator(mini_batch, actor_cfg.ppo_epochs, actor_cfg.shuffle, seed=self.config.trainer.seed + step):
+            step_metrics.append({**self.roles.actor.forward_backward(mini), **self.roles.actor.optim_step()[0]})
+        return reduce_metrics(step_metrics)
+
+    def _update_critic(self, batch: DataProto, step: int) -> dict[str, float]:
+        update = batch.select(batch_keys=ACTOR_UPDATE_KEYS[:5] + ("values", "returns"), non_tensor_batch_keys=[])
+        update.meta_info = {"mini_batch_size": self.config.critic.ppo_mini_batch_size * self.config.rollout.n,
+                            "seed": self.config.trainer.seed + step}
+        return self.roles.critic.update_critic(update)
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        """Generate with ``rollout.val_kwargs`` on the val files and report the mean score per data_source."""
+        start = time.perf_counter()
+        outputs = []
+        for prompts in self.val_loader:
+            prompts.meta_info.update(validate=True, global_step=0)
+            generated = self.roles.rollout.generate_sequences(prompts)
+            generated.meta_info.pop("metrics", None)
+            generated.batch["token_level_scores"] = self.reward_manager(generated)[0]
+            outputs.append(generated)
+        metrics = validation_metrics(DataProto.concat(outputs))
+        metrics["timing_s/validate"] = time.perf_counter() - start
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, step: int) -> None:
+        """Worker checkpoints plus driver state under ``global_step_{step}``, atomically."""
+        roles = self.roles
+
+        def save_workers(folder: Path) -> None:
+            roles.actor.save_checkpoint(str(folder / "actor"))
+            if self.use_critic:
+                roles.critic.save_checkpoint(str(folder / "critic"))
+
+        state = {"global_step": step, "dataloader": self.train_loader.state_dict(), "kl_coef": self.kl_ctrl.value,
+                 "rng": get_rng_state()}
+        path = self.checkpoints.save(step, state, save_workers)
+        logger.info("saved checkpoint %s", path)
+
+    def _resume(self) -> int:
+        """Load the checkpoint ``trainer.resume_mode`` selects; returns the step it was taken at (0: none)."""
+        trainer = self.config.trainer
+        folder = self.checkpoints.resolve(trainer.resume_mode, trainer.resume_from_path)
+        if folder is None:
+            return 0
+        state = self.checkpoints.load_driver_state(folder)
+        self.roles.actor.load_checkpoint(str(folder / "actor"))
+        if self.use_critic:
+            self.roles.critic.load_checkpoint(str(folder / "critic"))
+        self.roles.sync_weights(self.config.rollout.weight_sync_bucket_mb)
+        self.train_loader.load_state_dict(state["dataloader"])
+        self.kl_ctrl.value = state["kl_coef"]
+        set_rng_state(state["rng"])
+        logger.info("resumed from %s (step %d)", folder, state["global_step"])
+        return int(state["global_step"])
+
+    def shutdown(self) -> None:
+        """Finish the trackers, stop the worker groups and the reward pool, leave Ray."""
+        if self.tracking is not None:
+            self.tracking.finish()
+        self.reward_manager.close()
+        if self.roles is not None:
+            self.roles.shutdown()
+        shutdown_ray()
