@@ -35,10 +35,9 @@ class DataConfig:
     train_batch_size: int = 16
     val_batch_size: Optional[int] = None  # null: the whole val set in one batch
     truncation: str = "error"  # error | left | right | filter
-    filter_overlong_prompts: bool = True
+    filter_overlong_prompts: bool = False
     shuffle: bool = True
     seed: int = 0
-    task: Optional[dict[str, Any]] = None  # synthetic-task generation options (rlflow.data.tasks)
 
 
 @dataclass
@@ -221,44 +220,46 @@ class PPOConfig:
 
 @dataclass
 class SFTDataConfig:
-    """SFT chat data: multi-turn `messages`, or prompt/response pairs."""
+    """SFT chat data: multi-turn `messages`, or prompt/response pairs (configs/sft_trainer.yaml `data:`)."""
 
     train_files: list[str] = field(default_factory=list)
-    val_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)  # empty: no validation loss
     messages_key: str = "messages"
     prompt_key: Optional[str] = None  # set both prompt_key and response_key for pair data
     response_key: Optional[str] = None
     max_length: int = 128
     truncation: str = "error"  # error | left | right
-    train_batch_size: int = 32
+    train_batch_size: int = 32  # samples per optimizer step, over all data-parallel ranks
+    val_batch_size: Optional[int] = None  # null: train_batch_size
     shuffle: bool = True
     seed: int = 0
 
 
 @dataclass
 class SFTTrainerConfig:
-    """Run-level settings for `main_sft`."""
+    """Run-level settings for `main_sft`: launcher, cluster shape, loop length, logging, checkpoints."""
 
     project_name: str = "rlflow"
     experiment_name: str = "sft"
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    device: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda
     launcher: str = "ray"  # ray | torchrun
     nnodes: int = 1
     n_procs_per_node: int = 1
     cpus_per_proc: float = 1.0
-    ray_address: Optional[str] = None
-    ray_num_cpus: Optional[int] = None
+    ray_address: Optional[str] = None  # null: start a local Ray; "auto": join a running cluster
+    ray_num_cpus: Optional[float] = None
+    ray_temp_dir: Optional[str] = None  # local Ray's session folder (short path); null: Ray's default
     total_epochs: int = 1
-    total_training_steps: Optional[int] = None
+    total_training_steps: Optional[int] = None  # overrides total_epochs
     test_freq: int = -1
+    val_before_train: bool = True
     save_freq: int = -1
     default_local_dir: str = "outputs/checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    resume_mode: str = "auto"
+    resume_mode: str = "auto"  # auto | disable | path
     resume_from_path: Optional[str] = None
     max_ckpt_to_keep: Optional[int] = None
-    export_hf_dir: Optional[str] = None
-    seed: int = 0
+    export_hf_dir: Optional[str] = None  # null: <default_local_dir>/hf
 
 
 @dataclass
