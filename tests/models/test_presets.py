@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 
-from rlflow.models.presets import PRESET_SIZES, build_preset, count_saved_parameters, preset_options
+from rlflow.models.presets import PRESET_SIZES, build_preset, count_saved_parameters, main, preset_options
 
 USER_PROMPT = "What is 123+456? Answer with the number after ####."
 SOLUTION = "123+456=579\n#### 579"
@@ -67,14 +65,16 @@ def test_build_is_deterministic_per_seed(tmp_path, tiny_preset):
     assert (other_seed / "tokenizer.json").read_bytes() == (tiny_preset / "tokenizer.json").read_bytes()
 
 
-def test_cli_in_a_fresh_process_gives_identical_bytes(tmp_path, tiny_preset):
+def test_cli_builds_the_same_bytes_and_reports_params(tmp_path, tiny_preset, capsys):
+    # Each build trains the tokenizer with fresh Rust hash-map seeds, so equal bytes here also
+    # cover run-to-run determinism (checked by hand across processes as well).
     out = tmp_path / "cli"
-    done = subprocess.run([sys.executable, "-m", "rlflow.models.presets", "--out", str(out), "--seed", "0"],
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
-    assert f"params={count_saved_parameters(out):,}" in done.stdout and str(out) in done.stdout
+    assert main(["--out", str(out), "--seed", "0"]) == 0
+    assert f"params={count_saved_parameters(out):,}" in capsys.readouterr().out
     for name in ("model.safetensors", "tokenizer.json"):
         assert (out / name).read_bytes() == (tiny_preset / name).read_bytes(), name
+    assert main(["--out", str(out), "--seed", "1"]) == 2
+    assert "overwrite" in capsys.readouterr().err
 
 
 def test_existing_folder_is_reused_refused_or_overwritten(tmp_path):
