@@ -120,6 +120,9 @@ KEY_METRICS: list[tuple[Optional[str], str]] = [
     ("kl_reward", "critic/kl"),
     ("entropy", "actor/entropy"),
     ("grad_norm", "actor/grad_norm"),
+    ("grad_norm", "train/grad_norm"),
+    ("lr", "actor/lr"),
+    ("lr", "train/lr"),
     ("resp_len", "response_length/mean"),
     ("tok/s", "perf/throughput"),
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -82,7 +83,11 @@ def test_wandb_offline_writes_a_run_directory(tmp_path):
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     run_dirs = list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(run_dirs) == 1
-    history = (run_dirs[0] / f"run-{run_id}.wandb").read_bytes()
+    history_file = run_dirs[0] / f"run-{run_id}.wandb"
+    deadline = time.monotonic() + 30  # wandb-core may still be flushing the file after finish() returns
+    while b"critic/score/mean" not in history_file.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    history = history_file.read_bytes()
     assert b"actor/pg_loss" in history and b"critic/score/mean" in history
 
 
