@@ -58,8 +58,9 @@ class ModuleEngine(BaseEngine):
         ensure_process_group(self.device.type)
         self.group: Optional[dist.ProcessGroup] = None  # the default group: every rank is a data-parallel rank
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        set_seed(cfg.seed + self.rank)
+        set_seed(cfg.seed)  # identical on every rank: any freshly initialised weights (a new value head) agree
         model = self.kind.load(self.model_path, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation)
+        set_seed(cfg.seed + self.rank)  # per-rank streams for dropout and sampling
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         forward_module = self.kind.forward_cls(model, cfg.logprob_chunk_size)

@@ -1,0 +1,109 @@
+"""Training throughput of each engine against a plain PyTorch loop on the same model.
+
+One process, world size 1. Every contender runs forward + backward + clip + AdamW step
+on the same batch of full-length sequences (token-mean NLL), and the rounds are
+interleaved so machine load hits all contenders alike. Prints tokens/s per contender
+and each engine's ratio to the plain loop (target >= 0.9).
+
+    python bench/engine_throughput.py [--size small] [--rows 8] [--seq-len 256] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlflow.engines import build_engine
+from rlflow.models.presets import build_preset
+from rlflow.protocol import DataProto
+from rlflow.utils.device import limit_cpu_threads
+
+ENGINES = ("fsdp2", "fsdp")
+
+
+def make_batch(rows: int, seq_len: int, vocab: int) -> DataProto:
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, vocab, (rows, seq_len), generator=generator)
+    mask = torch.ones(rows, seq_len, dtype=torch.long)
+    loss_mask = mask.float()
+    loss_mask[:, 0] = 0
+    return DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask, "loss_mask": loss_mask})
+
+
+def plain_step_fn(model_path: Path, batch: DataProto) -> Callable[[], None]:
+    """The baseline: HF forward with full logits, masked token-mean NLL, clip, AdamW."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    ids, mask, loss_mask = batch.batch["input_ids"], batch.batch["attention_mask"], batch.batch["loss_mask"]
+
+    def step() -> None:
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        log_probs = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        loss = -(log_probs * loss_mask[:, 1:]).sum() / loss_mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def engine_step_fn(name: str, model_path: Path, batch: DataProto) -> Callable[[], None]:
+    config = {"name": name, "device": "cpu", "micro_batch_size": len(batch), "optimizer": {"lr": 1e-5}}
+    engine = build_engine(config, model_path)
+    engine.initialize()
+
+    def loss_fn(outputs, micro, ctx):
+        loss_mask = micro.batch["loss_mask"]
+        return -(outputs["log_probs"] * loss_mask).sum() / ctx.global_num_tokens * ctx.dp_size, {}
+
+    def step() -> None:
+        engine.forward_backward(batch, loss_fn)
+        engine.optim_step()
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", default="small", help="preset size (rlflow.models.presets)")
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps-per-round", type=int, default=3)
+    args = parser.parse_args()
+    limit_cpu_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path = build_preset(Path(tmp) / "model", size=args.size, seed=0)
+        vocab = AutoModelForCausalLM.from_pretrained(model_path).config.vocab_size
+        batch = make_batch(args.rows, args.seq_len, vocab)
+        contenders = {"plain": plain_step_fn(model_path, batch)}
+        contenders.update({name: engine_step_fn(name, model_path, batch) for name in ENGINES})
+        for step in contenders.values():  # warm-up: allocator, optimizer state, first-call overheads
+            step()
+        seconds: dict[str, list[float]] = {name: [] for name in contenders}
+        for _ in range(args.rounds):
+            for name, step in contenders.items():
+                start = time.perf_counter()
+                for _ in range(args.steps_per_round):
+                    step()
+                seconds[name].append((time.perf_counter() - start) / args.steps_per_round)
+    tokens = args.rows * args.seq_len
+    speed = {name: tokens / statistics.median(times) for name, times in seconds.items()}
+    print(f"model preset={args.size}, batch {args.rows} x {args.seq_len} tokens, fp32, 1 thread, world size 1")
+    for name, tokens_per_s in speed.items():
+        ratio = tokens_per_s / speed["plain"]
+        verdict = "" if name == "plain" else f"  ratio vs plain {ratio:.3f} ({'ok' if ratio >= 0.9 else 'below'} target 0.9)"
+        print(f"  {name:6s} {tokens_per_s:9.0f} tokens/s{verdict}")
+
+
+if __name__ == "__main__":
+    main()

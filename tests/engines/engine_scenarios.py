@@ -1,0 +1,346 @@
+"""What each spawned engine process runs; rank 0 saves the results for the pytest process to check.
+
+One launch runs many configurations in sequence (process start-up dominates the cost).
+Every function has the ``spawn`` signature ``fn(rank, world_size, *args)``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from engine_testlib import (
+    engine_config,
+    full_grads,
+    make_batch,
+    nll_token_mean,
+    position_ids_of,
+    reference_model,
+    reference_token_stats,
+    reference_training,
+    whole_batch_loss,
+)
+from rlflow.engines import build_engine
+from rlflow.errors import CheckpointError
+from rlflow.protocol import DataProto
+from rlflow.trainer.core_algos import agg_loss, loss_agg_modes
+
+ENGINES = ("fsdp", "fsdp2")
+HORIZON = 24.0
+
+
+def _local(batch: DataProto, rank: int, world_size: int) -> DataProto:
+    return batch.chunk(world_size)[rank]
+
+
+def _engine(config: dict[str, Any], model_path: Path, kind: str = "causal_lm"):
+    engine = build_engine(config, model_path, model_kind=kind)
+    engine.initialize()
+    return engine
+
+
+def _train(engine, batches: list[DataProto], rank: int, world_size: int) -> dict[str, list]:
+    record: dict[str, list] = {"losses": [], "grad_norms": [], "lrs": []}
+    for batch in batches:
+        _, metrics = engine.forward_backward(_local(batch, rank, world_size), nll_token_mean)
+        step = engine.optim_step()
+        record["losses"].append(metrics["loss"])
+        record["grad_norms"].append(step["grad_norm"])
+        record["lrs"].append(step["lr"])
+    return record
+
+
+def _save(rank: int, out_dir: Path, name: str, results: dict[str, Any]) -> None:
+    if rank == 0:
+        torch.save(results, out_dir / name)
+
+
+def parity_configs(world_size: int) -> dict[str, dict[str, Any]]:
+    configs = {
+        f"{name}-rmpad{int(rp)}-mbs{mbs}": engine_config(name, use_remove_padding=rp, micro_batch_size=mbs)
+        for name in ENGINES
+        for rp in (True, False)
+        for mbs in (1, 4)
+    }
+    for name in ENGINES:
+        configs[f"{name}-dynamic"] = engine_config(name, use_dynamic_bsz=True, max_token_len_per_micro_batch=30)
+    if world_size == 2:
+        configs["fsdp2-hybrid"] = engine_config("fsdp2", hybrid_replicate_size=2, micro_batch_size=2)
+    return configs
+
+
+def parity_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
+    """Every configuration trains 3 steps on the same 3 batches; the plain reference runs on rank 0."""
+    batches = [make_batch(seed) for seed in range(3)]
+    results: dict[str, Any] = {"reference": reference_training(model_path, batches) if rank == 0 else None}
+    for label, config in parity_configs(world_size).items():
+        engine = _engine(config, model_path)
+        record = _train(engine, batches, rank, world_size)
+        record["params"] = {name: tensor.clone() for name, tensor in engine.export_hf_weights()}
+        results[label] = record
+    _save(rank, out_dir, f"parity_ws{world_size}.pt", results)
+
+
+def _agg_loss_fn(mode: str):
+    def loss_fn(outputs, micro, ctx):
+        loss_mat = -outputs["log_probs"] * micro.batch["token_weights"]
+        loss = agg_loss(
+            loss_mat,
+            micro.batch["loss_mask"],
+            mode,
+            dp_size=ctx.dp_size,
+            batch_num_tokens=ctx.global_num_tokens,
+            global_batch_size=ctx.global_num_seqs,
+            loss_scale_factor=HORIZON,
+        )
+        return loss, {}
+
+    return loss_fn
+
+
+def grad_accumulation_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
+    """Each loss_agg_mode: 8 rows -> 4 per rank -> 4 micro-batches of 1 per rank; gradients vs one whole-batch pass."""
+    batch = make_batch(seed=11)
+    results: dict[str, Any] = {}
+    if rank == 0:
+        model = reference_model(model_path)
+        for mode in loss_agg_modes():
+            model.zero_grad()
+            log_probs, _ = reference_token_stats(model, batch)
+            loss = whole_batch_loss(log_probs, batch, mode, HORIZON)
+            loss.backward()
+            results[("reference", mode)] = {
+                "loss": loss.item(),
+                "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+            }
+    for name in ENGINES:
+        engine = _engine(engine_config(name, micro_batch_size=1), model_path)
+        for mode in loss_agg_modes():
+            engine.zero_grad()
+            _, metrics = engine.forward_backward(_local(batch, rank, world_size), _agg_loss_fn(mode))
+            results[(name, mode)] = {
+                "loss": metrics["loss"],
+                "num_micro_batches": metrics["num_micro_batches"],
+                "grads": full_grads(engine),
+            }
+    _save(rank, out_dir, "grad_accumulation.pt", results)
+
+
+def checkpoint_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
+    """3 steps, save, 3 more steps; a fresh engine loads the save and runs the same 3 steps."""
+    batches = [make_batch(seed) for seed in range(20, 26)]
+    schedule = {"name": "cosine", "warmup_steps": 2, "total_steps": 8, "min_lr_ratio": 0.1}
+    results: dict[str, Any] = {}
+    for name in ENGINES:
+        config = engine_config(name, micro_batch_size=2, lr_scheduler=schedule)
+        path = out_dir / f"ckpt_{name}"
+        first = _engine(config, model_path)
+        _train(first, batches[:3], rank, world_size)
+        first.save_checkpoint(path)
+        uninterrupted = _train(first, batches[3:], rank, world_size)
+        resumed_engine = _engine(config, model_path)
+        resumed_engine.load_checkpoint(path)
+        resumed = _train(resumed_engine, batches[3:], rank, world_size)
+        results[name] = {"uninterrupted": uninterrupted, "resumed": resumed, "files": sorted(os.listdir(path))}
+    _save(rank, out_dir, "checkpoint.pt", results)
+
+
+def export_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
+    """One training step, then save_hf; rank 0 reloads with transformers and compares log-probs."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    batch = make_batch(seed=31)
+    results: dict[str, Any] = {}
+    for name in ENGINES:
+        engine = _engine(engine_config(name, micro_batch_size=2), model_path)
+        _train(engine, [make_batch(seed=30)], rank, world_size)
+        folder = out_dir / f"hf_{name}"
+        engine.save_hf(folder)
+        exported = {n: t.clone() for n, t in engine.export_hf_weights()}
+        engine_out, _ = engine.forward_backward(batch, forward_only=True)
+        if rank == 0:
+            loaded, info = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
+            with torch.no_grad():
+                hf_log_probs, _ = reference_token_stats(loaded, batch)
+            results[name] = {
+                "missing": list(info["missing_keys"]),
+                "unexpected": list(info["unexpected_keys"]),
+                "max_logprob_diff": (hf_log_probs - engine_out.batch["log_probs"]).abs().max().item(),
+                "max_weight_diff": max((loaded.state_dict()[n] - t).abs().max().item() for n, t in exported.items()),
+                "exported_names": sorted(exported),
+                "hf_names": sorted(loaded.state_dict()),
+                "tokenizer_vocab": len(AutoTokenizer.from_pretrained(folder)),
+                "files": sorted(os.listdir(folder)),
+            }
+    _save(rank, out_dir, "export.pt", results)
+
+
+def value_suite(rank: int, world_size: int, model_path: Path, value_path: Path, out_dir: Path) -> None:
+    """Value-head engine: values vs the model run directly, packed vs padded, training, save/reload, fresh head."""
+    from rlflow.models.value_head import ValueHeadModel
+
+    batch = make_batch(seed=41)
+    ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"]
+
+    def direct_values(folder: Path) -> torch.Tensor:
+        with torch.no_grad():
+            return ValueHeadModel.from_pretrained(folder)(ids, attention_mask=mask, position_ids=position_ids_of(mask)) * mask
+
+    def value_loss(outputs, micro, ctx):
+        loss_mask = micro.batch["loss_mask"]
+        return ((outputs["values"] - 1.0) ** 2 * loss_mask).sum() / ctx.global_num_tokens * ctx.dp_size, {}
+
+    results: dict[str, Any] = {"direct": direct_values(value_path) if rank == 0 else None}
+    for name in ENGINES:
+        engines = {
+            rp: _engine(engine_config(name, use_remove_padding=rp, micro_batch_size=3), value_path, kind="value")
+            for rp in (True, False)
+        }
+        for rp, engine in engines.items():
+            out, _ = engine.forward_backward(batch, forward_only=True)
+            results[(name, rp)] = out.batch["values"] * mask
+        engine = engines[True]
+        engine.forward_backward(_local(batch, rank, world_size), value_loss)
+        engine.optim_step()
+        trained, _ = engine.forward_backward(batch, forward_only=True)
+        folder = out_dir / f"value_{name}"
+        engine.save_hf(folder)
+        fresh = _engine(engine_config(name), model_path, kind="value")  # no value_head.safetensors: fresh head
+        fresh_head = {n: t.clone() for n, t in fresh.export_hf_weights() if n.startswith("value_head.")}
+        if rank == 0:
+            torch.manual_seed(engine_config(name).get("seed", 0))
+            expected_head = {n: t for n, t in ValueHeadModel.from_pretrained(model_path).state_dict().items() if n.startswith("value_head.")}
+            results[(name, "saved")] = {
+                "engine": trained.batch["values"] * mask,
+                "reloaded": direct_values(folder),
+                "files": sorted(os.listdir(folder)),
+                "fresh_head": fresh_head,
+                "expected_fresh_head": expected_head,
+            }
+    _save(rank, out_dir, "value.pt", results)
+
+
+def packing_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
+    """Packed vs padded forwards (and the full-logits reference) with temperature and entropy."""
+    batch = make_batch(seed=51, rows=7, width=40)
+    batch.batch["position_ids"] = position_ids_of(batch.batch["attention_mask"])
+    batch.meta_info.update(temperature=0.7, compute_entropy=True)
+    results: dict[str, Any] = {}
+    with torch.no_grad():
+        results["reference"] = reference_token_stats(reference_model(model_path), batch, temperature=0.7)
+    for name in ENGINES:
+        for label, overrides in {
+            "packed": dict(use_remove_padding=True, micro_batch_size=3),
+            "padded": dict(use_remove_padding=False, micro_batch_size=3),
+            "dynamic": dict(use_remove_padding=True, use_dynamic_bsz=True, max_token_len_per_micro_batch=50),
+            "small_chunks": dict(use_remove_padding=True, micro_batch_size=7, logprob_chunk_size=5),
+        }.items():
+            engine = _engine(engine_config(name, **overrides), model_path)
+            out, metrics = engine.forward_backward(batch, forward_only=True)
+            results[(name, label)] = {
+                "log_probs": out.batch["log_probs"],
+                "entropy": out.batch["entropy"],
+                "num_micro_batches": metrics["num_micro_batches"],
+            }
+    _save(rank, out_dir, "packing.pt", results)
+
+
+def checkpoint_errors_suite(rank: int, world_size: int, model_path: Path, other_layout_ckpt: Path, out_dir: Path) -> None:
+    """Loading a missing checkpoint, and one written at another world size, raise CheckpointError."""
+    engine = _engine(engine_config("fsdp2"), model_path)
+    results: dict[str, str] = {}
+    for label, path in {"missing": out_dir / "no_such_checkpoint", "other_layout": other_layout_ckpt}.items():
+        try:
+            engine.load_checkpoint(path)
+            results[label] = "no error"
+        except CheckpointError as error:
+            results[label] = str(error)
+    _save(rank, out_dir, "checkpoint_errors.pt", results)
+
+
+def killed_save(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
+    """Save a checkpoint, train on, then die (SIGKILL) in the middle of overwriting it."""
+    engine = _engine(engine_config("fsdp2", micro_batch_size=2), model_path)
+    _train(engine, [make_batch(60)], rank, world_size)
+    engine.save_checkpoint(out_dir / "ckpt_killed")
+    probe, _ = engine.forward_backward(make_batch(61), forward_only=True)
+    torch.save(probe.batch["log_probs"], out_dir / "killed_probe.pt")
+    _train(engine, [make_batch(62)], rank, world_size)
+    real_save = dcp.save
+
+    def save_then_die(*args, **kwargs):
+        real_save(*args, **kwargs)  # shard files are on disk, the metadata and rename are not
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    dcp.save = save_then_die
+    engine.save_checkpoint(out_dir / "ckpt_killed")
+
+
+def resume_after_kill(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
+    engine = _engine(engine_config("fsdp2", micro_batch_size=2), model_path)
+    engine.load_checkpoint(out_dir / "ckpt_killed")
+    probe, _ = engine.forward_backward(make_batch(61), forward_only=True)
+    _save(rank, out_dir, "resumed_probe.pt", {"log_probs": probe.batch["log_probs"]})
+
+
+def behaviour_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
+    """Non-finite skip, one-step LR override, modes, offload flags and offload/onload round trips."""
+    results: dict[str, Any] = {}
+    batch = make_batch(seed=71)
+    for name in ENGINES:
+        config = engine_config(name, micro_batch_size=4, param_offload=True, optimizer_offload=True)
+        engine = _engine(config, model_path)
+        before = {n: t.clone() for n, t in engine.export_hf_weights()}
+
+        def poisoned(outputs, micro, ctx):
+            loss, metrics = nll_token_mean(outputs, micro, ctx)
+            return loss * float("nan"), metrics
+
+        engine.forward_backward(batch, poisoned)
+        skipped = engine.optim_step()
+        after_skip = {n: t.clone() for n, t in engine.export_hf_weights()}
+        engine.forward_backward(batch, nll_token_mean)
+        overridden = engine.optim_step(lr=0.0)  # lr 0: AdamW moves nothing but weight decay x 0
+        after_zero_lr = {n: t.clone() for n, t in engine.export_hf_weights()}
+        engine.forward_backward(batch, nll_token_mean)
+        scheduled = engine.optim_step()
+        probe_before, _ = engine.forward_backward(batch, forward_only=True)
+        engine.offload()
+        engine.onload()
+        probe_after, _ = engine.forward_backward(batch, forward_only=True)
+        with engine.eval_mode():
+            inside_eval = engine.module.training
+        results[name] = {
+            "skipped": skipped,
+            "unchanged_after_skip": all(torch.equal(before[n], after_skip[n]) for n in before),
+            "overridden": overridden,
+            "unchanged_after_zero_lr": all(torch.equal(before[n], after_zero_lr[n]) for n in before),
+            "scheduled": scheduled,
+            "offload_round_trip": torch.equal(probe_before.batch["log_probs"], probe_after.batch["log_probs"]),
+            "inside_eval": inside_eval,
+            "after_eval": engine.module.training,
+        }
+    _save(rank, out_dir, "behaviour.pt", results)
+
+
+def two_rank_suites(rank: int, world_size: int, model_path: Path, value_path: Path, out_dir: Path) -> None:
+    """Everything that needs 2 ranks, in one launch."""
+    parity_suite(rank, world_size, model_path, out_dir)
+    grad_accumulation_suite(rank, world_size, model_path, out_dir)
+    checkpoint_suite(rank, world_size, model_path, out_dir)
+    export_suite(rank, world_size, model_path, out_dir)
+    value_suite(rank, world_size, model_path, value_path, out_dir)
+
+
+def one_rank_suites(rank: int, world_size: int, model_path: Path, two_rank_out: Path, out_dir: Path) -> None:
+    """Everything at world size 1, in one launch (after the 2-rank launch and the killed save)."""
+    parity_suite(rank, world_size, model_path, out_dir)
+    packing_suite(rank, world_size, model_path, out_dir)
+    behaviour_suite(rank, world_size, model_path, out_dir)
+    checkpoint_errors_suite(rank, world_size, model_path, two_rank_out / "ckpt_fsdp2", out_dir)
+    resume_after_kill(rank, world_size, model_path, out_dir)

@@ -1,0 +1,188 @@
+"""Shared pieces of the engine tests.
+
+* ``build_test_model``: the tiny preset, shrunk further (2 layers, hidden 64), via the preset builder;
+* ``make_batch``: sequences of very different lengths, left- and right-padded, with a loss mask;
+* ``spawn``: run a function in ``world_size`` real processes joined by a real gloo group;
+* the plain single-process PyTorch reference (HF model + AdamW loop, full logits,
+  written independently of the engine code) and ``full_grads`` to read an engine's gradients.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM
+
+from rlflow.models.presets import build_preset
+from rlflow.protocol import DataProto
+
+TEST_MODEL_OPTIONS = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32
+)
+VOCAB_LIMIT = 300  # token ids drawn below this (the trained tokenizer has ~350 entries)
+LR = 1e-3
+OPTIMIZER = {"lr": LR, "weight_decay": 0.1, "grad_clip": 1.0, "betas": [0.9, 0.95], "eps": 1e-8}
+# cosine after 1 warmup step over 3 steps, floor 0.1: multipliers 1, 1, 0.55
+SCHEDULE = {"name": "cosine", "warmup_steps": 1, "total_steps": 3, "min_lr_ratio": 0.1}
+REFERENCE_LRS = [LR * 1.0, LR * 1.0, LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))]
+
+
+def build_test_model(folder: Path) -> Path:
+    return build_preset(folder, size="tiny", seed=0, **TEST_MODEL_OPTIONS)
+
+
+def engine_config(name: str, **overrides: Any) -> dict[str, Any]:
+    config = {"name": name, "device": "cpu", "optimizer": dict(OPTIMIZER), "lr_scheduler": dict(SCHEDULE)}
+    config.update(overrides)
+    return config
+
+
+def make_batch(seed: int, rows: int = 8, width: int = 24) -> DataProto:
+    """Rows of 2..width real tokens; even rows left-padded, odd rows right-padded; loss on the last ~2/3."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, width + 1, (rows,), generator=generator)
+    lengths[0], lengths[1] = width, 2  # always one full row and one minimal row
+    input_ids = torch.randint(0, VOCAB_LIMIT, (rows, width), generator=generator)
+    attention_mask = torch.zeros(rows, width, dtype=torch.long)
+    loss_mask = torch.zeros(rows, width)
+    for row, length in enumerate(lengths.tolist()):
+        start = width - length if row % 2 == 0 else 0
+        attention_mask[row, start : start + length] = 1
+        first_loss = start + max(1, length // 3)
+        loss_mask[row, first_loss : start + length] = 1
+    weights = torch.rand(rows, width, generator=generator) * 2 - 0.5  # per-token weights (like advantages)
+    return DataProto.from_dict(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, "token_weights": weights}
+    )
+
+
+def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
+    positions = torch.zeros_like(attention_mask)
+    for row in range(attention_mask.shape[0]):
+        real = attention_mask[row].nonzero().squeeze(-1)
+        positions[row, real] = torch.arange(len(real))
+    return positions
+
+
+# ---------------------------------------------------------------------------- processes
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _entry(rank: int, fn: Callable[..., None], world_size: int, port: int, args: tuple) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank)
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn: Callable[..., None], world_size: int, *args: Any) -> None:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes with a gloo group."""
+    mp.start_processes(_entry, args=(fn, world_size, _free_port(), args), nprocs=world_size, start_method="spawn")
+
+
+# ---------------------------------------------------------------------------- plain reference
+def reference_model(model_path: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
+
+
+def reference_token_stats(
+    model: torch.nn.Module, batch: DataProto, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob and entropy of each token from the full padded logits; [B, T], 0 where undefined."""
+    ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"]
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_of(mask), use_cache=False).logits
+    log_softmax = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    log_probs = torch.zeros(ids.shape)
+    entropy = torch.zeros(ids.shape)
+    log_probs[:, 1:] = log_softmax.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    entropy[:, 1:] = -(log_softmax.exp() * log_softmax).sum(-1)
+    defined = torch.zeros(ids.shape)
+    defined[:, 1:] = (mask[:, 1:] * mask[:, :-1]).float()
+    return log_probs * defined, entropy * defined
+
+
+def whole_batch_loss(log_probs: torch.Tensor, batch: DataProto, mode: str, horizon: float) -> torch.Tensor:
+    """The mini-batch loss of each aggregation mode, written directly over the whole batch."""
+    loss = -log_probs * batch.batch["token_weights"]
+    mask = batch.batch["loss_mask"]
+    per_seq_sum = (loss * mask).sum(-1)
+    if mode == "token-mean":
+        return (loss * mask).sum() / mask.sum()
+    if mode == "token-sum":
+        return (loss * mask).sum()
+    if mode == "seq-mean-token-sum":
+        return per_seq_sum.mean()
+    if mode == "seq-mean-token-sum-norm":
+        return per_seq_sum.mean() / horizon
+    if mode == "seq-mean-token-mean":
+        return (per_seq_sum / mask.sum(-1)).mean()
+    raise ValueError(mode)
+
+
+def reference_training(model_path: Path, batches: list[DataProto]) -> dict[str, Any]:
+    """Plain PyTorch: full batch, token-mean NLL, AdamW (no decay on 1-D params), clip, the schedule's LRs."""
+    model = reference_model(model_path)
+    model.train()
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": OPTIMIZER["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=LR,
+        betas=tuple(OPTIMIZER["betas"]),
+        eps=OPTIMIZER["eps"],
+    )
+    losses, grad_norms = [], []
+    for batch, lr in zip(batches, REFERENCE_LRS):
+        log_probs, _ = reference_token_stats(model, batch)
+        mask = batch.batch["loss_mask"]
+        loss = -(log_probs * mask).sum() / mask.sum()
+        loss.backward()
+        grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIMIZER["grad_clip"]).item())
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return {"losses": losses, "grad_norms": grad_norms, "params": params}
+
+
+def nll_token_mean(outputs: dict[str, torch.Tensor], micro: DataProto, ctx: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """Engine-side loss_fn for the parity runs: token-mean NLL scaled by the global counts."""
+    mask = micro.batch["loss_mask"]
+    loss = -(outputs["log_probs"] * mask).sum() / ctx.global_num_tokens * ctx.dp_size
+    return loss, {"micro_tokens": float(mask.sum())}
+
+
+def full_grads(engine: Any) -> dict[str, torch.Tensor]:
+    """Every parameter's full gradient under HF names (collective; FSDP1 and FSDP2 aware)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.tensor import DTensor
+
+    def hf_name(name: str) -> str:
+        return name.replace("_fsdp_wrapped_module.", "").removeprefix("model.")
+
+    module = engine.module
+    if isinstance(module, FSDP):
+        with FSDP.summon_full_params(module, with_grads=True, writeback=False):
+            return {hf_name(n): p.grad.detach().clone() for n, p in module.named_parameters()}
+    grads = {}
+    for name, param in module.named_parameters():
+        grad = param.grad
+        grads[hf_name(name)] = grad.full_tensor() if isinstance(grad, DTensor) else grad.detach().clone()
+    return grads

@@ -1,0 +1,271 @@
+"""In-process unit tests of the shared engine machinery (no process group needed)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from engine_testlib import build_test_model
+from rlflow.engines import BaseEngine, EngineConfigError, EngineRegistry, build_engine, get_engine_cls
+from rlflow.engines.common import checkpointing as ckpt
+from rlflow.engines.common.hf_export import write_hf_folder
+from rlflow.engines.common.logprob import chunked_log_probs
+from rlflow.engines.common.lr_schedulers import LR_SCHEDULES, LRSchedule, register_lr_schedule
+from rlflow.engines.common.micro_batching import balanced_partition, plan_micro_batches
+from rlflow.engines.common.models import get_model_kind
+from rlflow.engines.common.optimizers import build_adamw, clean_param_name, no_decay_names
+from rlflow.engines.common.packing import make_token_stream
+from rlflow.engines.config import EngineConfig, LRSchedulerConfig, OptimizerConfig, config_from_mapping
+from rlflow.engines.fsdp import FSDPEngine, FSDPEngineConfig
+from rlflow.engines.fsdp2 import FSDP2Engine, FSDP2EngineConfig
+from rlflow.errors import CheckpointError
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_test_model(tmp_path_factory.mktemp("unit_model") / "tiny")
+
+
+# ------------------------------------------------------------------------------ micro-batching
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=30), st.integers(1, 8))
+def test_balanced_partition_covers_every_row_once(lengths: list[int], parts: int) -> None:
+    parts = min(parts, len(lengths))
+    partition = balanced_partition(lengths, parts)
+    assert sorted(i for part in partition for i in part) == list(range(len(lengths)))
+    assert all(part for part in partition)
+    loads = [sum(lengths[i] for i in part) for part in partition]
+    # greedy longest-first: no part exceeds the ideal share by more than the longest sequence
+    assert max(loads) <= sum(lengths) / parts + max(lengths)
+
+
+def test_fixed_micro_batches_are_consecutive_and_bounded() -> None:
+    plan = plan_micro_batches([5] * 10, micro_batch_size=4, use_dynamic_bsz=False, max_token_len=1)
+    assert [len(g) for g in plan.groups] == [3, 4, 3]
+    assert plan.order == list(range(10))
+
+
+def test_dynamic_micro_batches_respect_budget_and_restore_order() -> None:
+    lengths = [10, 20, 20, 3, 20, 20, 7]
+    plan = plan_micro_batches(lengths, micro_batch_size=1, use_dynamic_bsz=True, max_token_len=40)
+    assert all(sum(lengths[i] for i in g) <= 40 for g in plan.groups)
+    assert len(plan.groups) == math.ceil(sum(lengths) / 40) == 3
+    assert sorted(sum(lengths[i] for i in g) for g in plan.groups) == [30, 30, 40]
+    stacked = torch.tensor(plan.order, dtype=torch.float32).unsqueeze(-1)  # row i holds its input index
+    assert plan.restore(stacked).squeeze(-1).tolist() == list(range(len(lengths)))
+
+
+def test_micro_batching_errors_name_the_fix() -> None:
+    with pytest.raises(ValueError, match="max_token_len_per_micro_batch=10"):
+        plan_micro_batches([11, 3], micro_batch_size=1, use_dynamic_bsz=True, max_token_len=10)
+    with pytest.raises(ValueError, match="empty batch"):
+        plan_micro_batches([], micro_batch_size=1, use_dynamic_bsz=False, max_token_len=10)
+
+
+# ------------------------------------------------------------------------------------ packing
+def test_packed_stream_resets_positions_and_unpacks() -> None:
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 0, 0, 0], [1, 2, 3, 4, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
+    stream = make_token_stream(ids, mask, None, remove_padding=True)
+    assert stream.input_ids.tolist() == [[5, 6, 7, 8, 9, 1, 2, 3, 4, 5]]
+    assert stream.position_ids.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3, 4]]
+    assert stream.attention_mask is None
+    # targets: every token except each sequence's first
+    assert stream.target_index.tolist() == [1, 2, 4, 6, 7, 8, 9]
+    assert torch.equal(stream.to_rows(stream.input_ids.reshape(-1)), ids * mask)
+    padded = make_token_stream(ids, mask, None, remove_padding=False)
+    assert padded.labels.tolist() == [6, 7, 9, 2, 3, 4, 5]
+    assert torch.equal(padded.labels, stream.labels)
+
+
+# ---------------------------------------------------------------------------------- log-probs
+@pytest.mark.parametrize("chunk_size", [1, 3, 100])
+def test_chunked_log_probs_match_full_softmax(chunk_size: int) -> None:
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 11, bias=False)
+    hidden = torch.randn(7, 8, requires_grad=True)
+    labels = torch.randint(0, 11, (7,))
+    log_probs, entropy = chunked_log_probs(
+        hidden, head, labels, temperature=0.7, chunk_size=chunk_size, compute_entropy=True
+    )
+    (log_probs.sum() + entropy.sum()).backward()
+    grads = (hidden.grad.clone(), head.weight.grad.clone())
+    hidden.grad, head.weight.grad = None, None
+    full = torch.log_softmax(head(hidden) / 0.7, dim=-1)
+    expected_lp = full.gather(-1, labels[:, None]).squeeze(-1)
+    expected_ent = -(full.exp() * full).sum(-1)
+    (expected_lp.sum() + expected_ent.sum()).backward()
+    torch.testing.assert_close(log_probs, expected_lp)
+    torch.testing.assert_close(entropy, expected_ent)
+    torch.testing.assert_close(grads[0], hidden.grad)
+    torch.testing.assert_close(grads[1], head.weight.grad)
+
+
+def test_log_probs_reject_bad_temperature() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        chunked_log_probs(torch.zeros(2, 3), torch.nn.Identity(), torch.zeros(2, dtype=torch.long), temperature=0.0)
+
+
+# -------------------------------------------------------------------------------- LR schedules
+def test_warmup_starts_above_zero_and_decays_to_floor() -> None:
+    config = LRSchedulerConfig(name="cosine", warmup_steps=4, total_steps=14, min_lr_ratio=0.1)
+    schedule = LRSchedule(config, base_lr=2.0)
+    lrs = []
+    for _ in range(16):
+        lrs.append(schedule.current_lr())
+        schedule.advance()
+    assert lrs[:5] == pytest.approx([0.5, 1.0, 1.5, 2.0, 2.0])
+    assert lrs[9] == pytest.approx(2.0 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))))
+    assert lrs[14] == pytest.approx(0.2) and lrs[15] == pytest.approx(0.2)
+    linear = LRSchedule(LRSchedulerConfig(name="linear", total_steps=10), base_lr=1.0)
+    assert [linear.multiplier(s) for s in (0, 5, 10)] == pytest.approx([1.0, 0.5, 0.0])
+    constant = LRSchedule(LRSchedulerConfig(name="constant", warmup_steps=2), base_lr=1.0)
+    assert [constant.multiplier(s) for s in (0, 1, 2, 100)] == [0.5, 1.0, 1.0, 1.0]
+
+
+def test_schedule_errors_and_registry() -> None:
+    with pytest.raises(EngineConfigError, match="registered"):
+        LRSchedule(LRSchedulerConfig(name="triangle"), 1.0)
+    with pytest.raises(EngineConfigError, match="total_steps"):
+        LRSchedule(LRSchedulerConfig(name="cosine", warmup_steps=5, total_steps=0), 1.0)
+    register_lr_schedule("half_test", needs_total_steps=False)(lambda progress, floor: 0.5)
+    try:
+        assert LRSchedule(LRSchedulerConfig(name="half_test"), 4.0).current_lr() == 2.0
+    finally:
+        del LR_SCHEDULES["half_test"]
+
+
+# ---------------------------------------------------------------------------------- optimizer
+def test_adamw_skips_decay_on_biases_and_norms(model_path: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    no_decay = no_decay_names(model)
+    assert "model.norm.weight" in no_decay and "model.layers.0.self_attn.q_proj.bias" in no_decay
+    assert "model.layers.0.self_attn.q_proj.weight" not in no_decay
+    optimizer = build_adamw(model.named_parameters(), no_decay, OptimizerConfig(weight_decay=0.1))
+    by_decay = {g["weight_decay"]: {id(p) for p in g["params"]} for g in optimizer.param_groups}
+    params = dict(model.named_parameters())
+    assert id(params["model.norm.weight"]) in by_decay[0.0]
+    assert id(params["model.embed_tokens.weight"]) in by_decay[0.1]
+    assert clean_param_name("model._fsdp_wrapped_module.layers.0._fsdp_wrapped_module.mlp.up_proj.weight") == (
+        "model.layers.0.mlp.up_proj.weight"
+    )
+
+
+# ------------------------------------------------------------------------- registry and config
+def test_unknown_engine_lists_registered() -> None:
+    with pytest.raises(EngineConfigError, match=r"unknown engine 'nope'; registered engines: .*fsdp, fsdp2"):
+        get_engine_cls("nope")
+    with pytest.raises(EngineConfigError, match="needs a 'name'"):
+        build_engine({}, "unused")
+
+
+def test_build_engine_validates_against_the_engine_dataclass(model_path: Path) -> None:
+    engine = build_engine({"name": "fsdp2", "hybrid_replicate_size": 2, "optimizer": {"lr": 0.5}}, model_path)
+    assert isinstance(engine, FSDP2Engine) and isinstance(engine.config, FSDP2EngineConfig)
+    assert engine.config.optimizer.lr == 0.5 and engine.config.hybrid_replicate_size == 2
+    assert isinstance(build_engine({"name": "fsdp"}, model_path), FSDPEngine)
+    with pytest.raises(EngineConfigError, match="hybrid_replicate_size"):
+        build_engine({"name": "fsdp", "hybrid_replicate_size": 2}, model_path)  # an fsdp2-only key
+    with pytest.raises(EngineConfigError, match="optimizer.lrr"):
+        build_engine({"name": "fsdp2", "optimizer": {"lrr": 1.0}}, model_path)
+    with pytest.raises(EngineConfigError, match="micro_batch_size=0"):
+        config_from_mapping(FSDPEngineConfig, {"micro_batch_size": 0})
+    with pytest.raises(ValueError, match="unknown model kind"):
+        build_engine({"name": "fsdp2"}, model_path, model_kind="diffusion")
+
+
+def test_registering_a_new_engine() -> None:
+    from dataclasses import dataclass
+
+    @dataclass
+    class ToyConfig(EngineConfig):
+        name: str = "toy_test_engine"
+        toy_knob: int = 3
+
+    @EngineRegistry.register("toy_test_engine")
+    class ToyEngine(FSDP2Engine):
+        config_class = ToyConfig
+
+    try:
+        engine = build_engine({"name": "toy_test_engine", "toy_knob": 5}, "unused")
+        assert isinstance(engine, ToyEngine) and engine.config.toy_knob == 5
+        assert "toy_test_engine" in EngineRegistry.names()
+        with pytest.raises(TypeError):
+            EngineRegistry.register("not_an_engine")(dict)
+    finally:
+        EngineRegistry._engines.pop("toy_test_engine")
+    assert issubclass(ToyEngine, BaseEngine)
+
+
+@pytest.mark.parametrize("name", ["fsdp", "fsdp2"])
+def test_engine_yaml_is_valid_and_documented(name: str) -> None:
+    from hydra import compose, initialize_config_dir
+
+    configs = Path(__file__).parents[2] / "configs"
+    with initialize_config_dir(str(configs), version_base=None):
+        node = compose(config_name=f"engine/{name}").engine
+    config = config_from_mapping(get_engine_cls(name).config_class, node)
+    assert config.name == name
+    defaults = type(config)()
+    assert config == type(defaults)(**{**defaults.__dict__, "name": name})  # the YAML restates the defaults
+    for path in (configs / "engine" / f"{name}.yaml", configs / "engine" / "common" / "base.yaml"):
+        for line in path.read_text().splitlines():
+            stripped = line.strip()
+            if stripped and not stripped.startswith(("#", "- ")) and stripped != "defaults:":
+                assert "#" in stripped, f"{path.name}: '{stripped}' has no comment"
+
+
+# -------------------------------------------------------------------------------- checkpoints
+def test_atomic_dir_replaces_only_on_success(tmp_path: Path) -> None:
+    target = tmp_path / "ckpt"
+    with ckpt.atomic_checkpoint_dir(target, None) as folder:
+        (folder / "a.txt").write_text("first")
+        ckpt.write_meta(folder, {"engine": "fsdp2"}, None)
+    with pytest.raises(RuntimeError):
+        with ckpt.atomic_checkpoint_dir(target, None) as folder:
+            (folder / "a.txt").write_text("second")
+            raise RuntimeError("killed")
+    assert (target / "a.txt").read_text() == "first"
+    assert ckpt.resolve_checkpoint_dir(target) == target
+    with pytest.raises(CheckpointError, match="does not exist"):
+        ckpt.resolve_checkpoint_dir(tmp_path / "missing")
+    (tmp_path / "half").mkdir()
+    with pytest.raises(CheckpointError, match="incomplete"):
+        ckpt.resolve_checkpoint_dir(tmp_path / "half")
+
+
+def test_layout_check_names_every_difference(tmp_path: Path) -> None:
+    saved = {"engine": "fsdp2", "model_kind": "causal_lm", "world_size": 4, "layout": {"dp_shard": 4}}
+    current = {"engine": "fsdp2", "model_kind": "causal_lm", "world_size": 2, "layout": {"dp_shard": 2}}
+    with pytest.raises(CheckpointError) as error:
+        ckpt.check_compatible(saved, current, tmp_path)
+    assert "world_size: checkpoint 4 vs this engine 2" in str(error.value) and "layout" in str(error.value)
+    ckpt.check_compatible(saved, dict(saved), tmp_path)
+
+
+# --------------------------------------------------------------------------------- HF folders
+def test_sharded_hf_folder_loads_in_transformers(model_path: Path, tmp_path: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    state = model.state_dict()
+    out = write_hf_folder(tmp_path / "hf", state.items(), model_path, get_model_kind("causal_lm").weight_file, shard_bytes=50_000)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1 and set(index["weight_map"]) == set(state)
+    assert (out / "tokenizer.json").is_file() and not list(out.glob(".*"))
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    for name, tensor in reloaded.state_dict().items():
+        assert torch.equal(tensor, state[name]), name
+
+
+def test_value_head_goes_to_its_own_file(model_path: Path, tmp_path: Path) -> None:
+    tensors = [("model.norm.weight", torch.ones(4)), ("value_head.weight", torch.zeros(1, 4))]
+    out = write_hf_folder(tmp_path / "v", tensors, model_path, get_model_kind("value").weight_file)
+    assert set(load_file(out / "value_head.safetensors")) == {"value_head.weight"}
+    assert set(load_file(out / "model.safetensors")) == {"model.norm.weight"}
