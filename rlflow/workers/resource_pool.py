@@ -153,12 +153,13 @@ class ResourcePool:
         try:
             ray.get(group.ready(), timeout=self.ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
-            self.release()
-            raise ResourceUnavailableError(
+            message = (
                 f"{self.describe()}: placement group '{label}' ({len(bundles)} x {bundles[0]}, {strategy}) was not "
                 f"placed within {self.ready_timeout_s:.0f} s. Free now: {_free(self.bundle)}; node totals: "
                 f"{_node_totals(self.bundle)}. Another job may hold the resources, or no node has enough free."
-            ) from None
+            )
+            self.release()
+            raise ResourceUnavailableError(message) from None
         return placement_group_table(group)["bundles_to_node_id"][0]
 
 
