@@ -18,6 +18,9 @@ from rlflow.utils.logging import get_logger
 logger = get_logger(__name__)
 
 # Every worker process runs one torch/OpenMP thread unless its bundle asks for more.
+# "/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store" and the AF_UNIX path limit.
+_SOCKET_SUFFIX_CHARS = 64
+_MAX_SOCKET_PATH = 107
 _WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -41,10 +44,11 @@ def init_ray(
     runtime_env["env_vars"] = {**_WORKER_ENV, **runtime_env.get("env_vars", {})}
     if address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        if temp_dir is not None and len(temp_dir) > 60:
+        if temp_dir is not None and len(temp_dir) + _SOCKET_SUFFIX_CHARS > _MAX_SOCKET_PATH:
             raise ValueError(
-                f"temp_dir {temp_dir!r} is {len(temp_dir)} characters; Ray's socket paths under it would "
-                "exceed the 108-character limit. Use a short one, e.g. tempfile.mkdtemp(prefix='r', dir='/tmp')"
+                f"temp_dir {temp_dir!r} is {len(temp_dir)} characters; Ray adds about {_SOCKET_SUFFIX_CHARS} for its "
+                f"session socket paths, which must stay under {_MAX_SOCKET_PATH}. Use a short one, e.g. "
+                "tempfile.mkdtemp(prefix='r', dir='/tmp')"
             )
         ray_init_kwargs.setdefault("include_dashboard", False)
         ray.init(

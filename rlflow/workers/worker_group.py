@@ -74,6 +74,10 @@ def _fetch(ref: ray.ObjectRef, rank: int, method: str) -> Any:
         raise WorkerDiedError(rank, method, str(err)) from None
 
 
+def _in_order(results: dict[int, Any], ranks: list[int]) -> list[Any]:
+    return [results[rank] for rank in ranks]
+
+
 def _resolve_future(value: Any) -> Any:
     return value.get() if isinstance(value, DataProtoFuture) else value
 
@@ -103,7 +107,7 @@ class RoleHandle:
     def __init__(self, group: "RayWorkerGroup", role: str, worker_cls: type):
         self._group, self.role, self.worker_cls = group, role, worker_cls
         for name, spec in registered_methods(worker_cls).items():
-            if hasattr(RoleHandle, name):
+            if hasattr(self, name):
                 raise ValueError(f"{worker_cls.__name__}.{name} clashes with RoleHandle.{name}; rename the method")
             get_dispatch_mode(spec.dispatch_mode)  # an unknown mode fails here, at group creation
             setattr(self, name, GroupMethod(self, spec, getattr(worker_cls, name)))
@@ -129,7 +133,7 @@ class RoleHandle:
         return DataProtoFuture(
             list(refs.values()),
             collect_fn=lambda outputs: mode.collect_fn(ctx, dict(zip(ranks, outputs))),
-            getter=lambda got: [gather(dict(zip(ranks, got)), label, timeout_s)[rank] for rank in ranks],
+            getter=lambda got: _in_order(gather(dict(zip(ranks, got)), label, timeout_s), ranks),
         )
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:

@@ -9,7 +9,16 @@ import torch
 from sample_workers import ProbeWorker
 
 from rlflow.protocol import DataProto, DataProtoFuture
-from rlflow.workers import RayWorkerGroup, ResourcePool, WorkerError, WorkerSpec, WorkerTimeoutError
+from rlflow.workers import (
+    ONE_TO_ALL,
+    RayWorkerGroup,
+    ResourcePool,
+    Worker,
+    WorkerError,
+    WorkerSpec,
+    WorkerTimeoutError,
+    register,
+)
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +149,28 @@ def test_call_timeout_raises_instead_of_waiting(group2):
 def test_pool_hosts_one_group(group2):
     with pytest.raises(RuntimeError, match="already hosts worker group 'g2'"):
         RayWorkerGroup(group2._pool, ProbeWorker, name="second")
+
+
+class ClashingWorker(Worker):
+    @register(dispatch_mode=ONE_TO_ALL)
+    def role(self) -> str:
+        return "shadows RoleHandle.role"
+
+
+class UnknownModeWorker(Worker):
+    @register(dispatch_mode="no_such_mode")
+    def work(self) -> None:
+        return None
+
+
+def test_bad_worker_classes_fail_before_any_actor_starts(local_ray):
+    pool = ResourcePool(procs_per_node=1, cpus_per_proc=0.5, device="cpu", name="badclass")
+    try:
+        with pytest.raises(ValueError, match="ClashingWorker.role clashes with RoleHandle.role"):
+            RayWorkerGroup(pool, ClashingWorker)
+        with pytest.raises(ValueError, match="unknown dispatch mode 'no_such_mode'"):
+            RayWorkerGroup(pool, UnknownModeWorker)
+        with pytest.raises(ValueError, match="role name 'shutdown' must be an identifier that is not"):
+            RayWorkerGroup(pool, {"shutdown": ProbeWorker})
+    finally:
+        pool.release()
