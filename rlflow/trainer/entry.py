@@ -10,6 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 from rlflow.errors import UserError
+from rlflow.utils.device import limit_cpu_threads
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 
@@ -34,7 +35,12 @@ def run_hydra_entry(
     run: Callable[[DictConfig], None],
     group_mounts: dict[str, str] | None = None,
 ) -> None:
-    """Parse the command line with Hydra, then call ``run(cfg)``; ``UserError`` exits 2 with one line."""
+    """Parse the command line with Hydra, then call ``run(cfg)``; ``UserError`` exits 2 with one line.
+
+    The controller itself runs one torch thread: it only moves batches and does cheap batch math,
+    and a second thread on a loaded small machine made its tensor work many times slower.
+    """
+    limit_cpu_threads(1)
     sys.argv = [sys.argv[0], *expand_group_shorthands(sys.argv[1:], group_mounts or {})]
 
     @hydra.main(config_path=CONFIG_DIR, config_name=config_name, version_base=None)

@@ -1,0 +1,71 @@
+"""Shared set-up for driver tests: one tiny preset and one synthetic task folder per session,
+and a runner for ``python -m rlflow.trainer.main_ppo`` in a subprocess (the way users run it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlflow.data.tasks import build_task, write_task_files
+from rlflow.models.presets import build_preset
+
+REPO = Path(__file__).resolve().parents[2]
+DIGIT_REWARD = Path(__file__).resolve().parent / "digit_reward.py"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_preset(tmp_path_factory.mktemp("model") / "tiny", size="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def addition_data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "addition"
+    write_task_files(build_task("addition", digits=2), out, n_train=64, n_val=16, seed=0)
+    return out
+
+
+def base_overrides(model: Path, data: Path, run_dir: Path) -> list[str]:
+    """A small, fast, deterministic GRPO run on one worker process, with a dense test reward."""
+    return [
+        f"model.path={model}",
+        "model.preset=null",
+        f"data.train_files=[{data / 'train.parquet'}]",
+        f"data.val_files=[{data / 'val.parquet'}]",
+        "data.train_batch_size=4",
+        "data.max_response_length=12",
+        "actor.ppo_mini_batch_size=2",
+        "rollout.n=2",
+        "trainer.ray_num_cpus=2",
+        "trainer.val_before_train=false",
+        "trainer.logger=[console,jsonl]",
+        f"trainer.default_local_dir={run_dir}",
+        f"reward.custom_function={DIGIT_REWARD}:digit_share",
+    ]
+
+
+def run_main_ppo(overrides: list[str], timeout: float = 600, **popen_kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "rlflow.trainer.main_ppo", *overrides], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, **popen_kwargs)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def compose_ppo(overrides: list[str]):
+    """The validated config ``main_ppo`` would build from ``overrides`` (in-process, no subprocess)."""
+    from hydra import compose, initialize_config_dir
+
+    from rlflow.trainer.config_loading import PPO_ENGINE_MOUNTS, load_ppo_config
+    from rlflow.trainer.entry import CONFIG_DIR, expand_group_shorthands
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose("ppo_trainer", expand_group_shorthands(overrides, {m: "engine" for m in PPO_ENGINE_MOUNTS}))
+    return load_ppo_config(cfg)

@@ -1,0 +1,76 @@
+"""Bad configs and data stop main_ppo at start-up, before any worker starts, with a one-line cause.
+
+The errors are checked in-process (the trainer's constructor raises a ``UserError`` whose
+message is one line); one subprocess test checks what the command line prints and returns.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from conftest import base_overrides, compose_ppo, run_main_ppo
+from rlflow.errors import UserError
+from rlflow.trainer.ppo_trainer import PPOTrainer
+
+
+def start_up_error(overrides: list[str]) -> str:
+    with pytest.raises(UserError) as info:
+        PPOTrainer(compose_ppo(overrides))
+    message = str(info.value)
+    assert "\n" not in message, message
+    return message
+
+
+def write_malformed_rows(source, target) -> None:
+    rows = pd.read_parquet(source).to_dict("records")
+    rows[3]["prompt"] = "not a message list"
+    target.write_text("\n".join(json.dumps(_plain(row)) for row in rows))
+
+
+def test_missing_data_file(tiny_model, addition_data, tmp_path):
+    message = start_up_error(base_overrides(tiny_model, addition_data, tmp_path) + [f"data.train_files=[{tmp_path / 'nope.parquet'}]"])
+    assert "nope.parquet" in message
+
+
+def test_malformed_row_names_file_row_and_field(tiny_model, addition_data, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    write_malformed_rows(addition_data / "train.parquet", bad)
+    message = start_up_error(base_overrides(tiny_model, addition_data, tmp_path) + [f"data.train_files=[{bad}]"])
+    assert "bad.jsonl" in message and "3" in message and "prompt" in message
+
+
+def test_overlong_prompt_under_truncation_error(tiny_model, addition_data, tmp_path):
+    message = start_up_error(base_overrides(tiny_model, addition_data, tmp_path) + ["data.max_prompt_length=4", "data.truncation=error"])
+    assert "max_prompt_length" in message
+
+
+def test_missing_model_folder(addition_data, tmp_path):
+    assert "no_model" in start_up_error(base_overrides(tmp_path / "no_model", addition_data, tmp_path))
+
+
+def test_mini_batch_that_does_not_divide_the_batch(tiny_model, addition_data, tmp_path):
+    message = start_up_error(base_overrides(tiny_model, addition_data, tmp_path) + ["actor.ppo_mini_batch_size=3"])
+    assert "actor.ppo_mini_batch_size" in message
+
+
+def test_command_line_prints_one_line_and_exits_2(tiny_model, addition_data, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    write_malformed_rows(addition_data / "train.parquet", bad)
+    result = run_main_ppo(base_overrides(tiny_model, addition_data, tmp_path) + [f"data.train_files=[{bad}]"], timeout=180)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and "bad.jsonl" in error_lines[0], result.stderr[-2000:]
+
+
+def _plain(value):
+    if hasattr(value, "tolist"):
+        return _plain(value.tolist())
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
