@@ -289,7 +289,7 @@ def resume_after_kill(rank: int, world_size: int, model_path: Path, out_dir: Pat
 
 
 def behaviour_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
-    """Non-finite skip, one-step LR override, modes, offload flags and offload/onload round trips."""
+    """Non-finite skip, one-step LR override, modes, offload, and bf16 compute with fp32 master weights."""
     results: dict[str, Any] = {}
     batch = make_batch(seed=71)
     for name in ENGINES:
@@ -315,6 +315,9 @@ def behaviour_suite(rank: int, world_size: int, model_path: Path, out_dir: Path)
         probe_after, _ = engine.forward_backward(batch, forward_only=True)
         with engine.eval_mode():
             inside_eval = engine.module.training
+        mixed = _engine(engine_config(name, micro_batch_size=4, param_dtype="bfloat16"), model_path)
+        _, mixed_metrics = mixed.forward_backward(batch, nll_token_mean)
+        mixed_step = mixed.optim_step()
         results[name] = {
             "skipped": skipped,
             "unchanged_after_skip": all(torch.equal(before[n], after_skip[n]) for n in before),
@@ -324,7 +327,13 @@ def behaviour_suite(rank: int, world_size: int, model_path: Path, out_dir: Path)
             "offload_round_trip": torch.equal(probe_before.batch["log_probs"], probe_after.batch["log_probs"]),
             "inside_eval": inside_eval,
             "after_eval": engine.module.training,
+            "bf16_loss": mixed_metrics["loss"],
+            "bf16_step": mixed_step,
+            "bf16_master_dtypes": {t.dtype for _, t in mixed.export_hf_weights()},
         }
+    with torch.no_grad():
+        log_probs, _ = reference_token_stats(reference_model(model_path), batch)
+    results["fp32_loss"] = (-(log_probs * batch.batch["loss_mask"]).sum() / batch.batch["loss_mask"].sum()).item()
     _save(rank, out_dir, "behaviour.pt", results)
 
 

@@ -173,7 +173,8 @@ def test_value_engine(engine: str, two_rank: Path) -> None:
 # ---------------------------------------------------------------------------- optimizer steps
 @pytest.mark.parametrize("engine", ENGINES)
 def test_optimizer_step_behaviour(engine: str, one_rank: Path) -> None:
-    run = _results(one_rank, "behaviour.pt")[engine]
+    results = _results(one_rank, "behaviour.pt")
+    run = results[engine]
     assert run["skipped"]["skipped"] is True and run["skipped"]["skipped_steps"] == 1
     assert run["unchanged_after_skip"]
     assert run["overridden"] == {**run["overridden"], "lr": 0.0, "skipped": False, "skipped_steps": 1}
@@ -182,3 +183,13 @@ def test_optimizer_step_behaviour(engine: str, one_rank: Path) -> None:
     assert run["scheduled"]["lr"] == pytest.approx(REFERENCE_LRS[2]) and not run["scheduled"]["skipped"]
     assert run["offload_round_trip"]
     assert run["inside_eval"] is False and run["after_eval"] is True
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bf16_compute_keeps_fp32_master_weights(engine: str, one_rank: Path) -> None:
+    results = _results(one_rank, "behaviour.pt")
+    run = results[engine]
+    assert run["bf16_master_dtypes"] == {torch.float32}
+    assert run["bf16_loss"] == pytest.approx(results["fp32_loss"], abs=5e-2)
+    assert run["bf16_loss"] != results["fp32_loss"]  # it really computed in bf16
+    assert not run["bf16_step"]["skipped"] and run["bf16_step"]["grad_norm"] > 0

@@ -71,19 +71,37 @@ def test_micro_batching_errors_name_the_fix() -> None:
 
 
 # ------------------------------------------------------------------------------------ packing
-def test_packed_stream_resets_positions_and_unpacks() -> None:
+def _targets_as_rows(stream) -> torch.Tensor:
+    flat = torch.zeros(stream.input_ids.numel(), dtype=torch.long)
+    flat[stream.target_index] = stream.labels
+    return stream.to_rows(flat)
+
+
+def test_packed_rows_reset_positions_and_unpack() -> None:
     ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 0, 0, 0], [1, 2, 3, 4, 5]])
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
-    stream = make_token_stream(ids, mask, None, remove_padding=True)
-    assert stream.input_ids.tolist() == [[5, 6, 7, 8, 9, 1, 2, 3, 4, 5]]
-    assert stream.position_ids.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3, 4]]
+    predicted = ids * mask
+    predicted[0, 2] = predicted[1, 0] = predicted[2, 0] = 0  # first tokens are never predicted
+    stream = make_token_stream(ids, mask, None, remove_padding=True)  # sdpa: rows as long as the longest
+    assert stream.input_ids.tolist() == [[1, 2, 3, 4, 5], [5, 6, 7, 8, 9]]
+    assert stream.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
     assert stream.attention_mask is None
-    # targets: every token except each sequence's first
-    assert stream.target_index.tolist() == [1, 2, 4, 6, 7, 8, 9]
     assert torch.equal(stream.to_rows(stream.input_ids.reshape(-1)), ids * mask)
+    assert torch.equal(_targets_as_rows(stream), predicted)
+    varlen = make_token_stream(ids, mask, None, remove_padding=True, attn_implementation="flash_attention_2")
+    assert varlen.input_ids.shape == (1, 10) and torch.equal(_targets_as_rows(varlen), predicted)
     padded = make_token_stream(ids, mask, None, remove_padding=False)
-    assert padded.labels.tolist() == [6, 7, 9, 2, 3, 4, 5]
-    assert torch.equal(padded.labels, stream.labels)
+    assert padded.input_ids is ids and torch.equal(_targets_as_rows(padded), predicted)
+
+
+def test_packed_rows_fill_the_tail_with_a_separate_block() -> None:
+    ids = torch.arange(1, 13).reshape(3, 4)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    stream = make_token_stream(ids, mask, None, remove_padding=True)
+    # rows of 4: [seq2], [seq0 + 1 filler], [seq1 + 2 fillers]; fillers restart positions at 0
+    assert stream.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 1]]
+    assert stream.target_index.tolist() == [1, 2, 3, 5, 6, 9]
+    assert torch.equal(stream.to_rows(stream.input_ids.reshape(-1)), ids * mask)
 
 
 # ---------------------------------------------------------------------------------- log-probs

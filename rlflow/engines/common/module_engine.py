@@ -135,6 +135,7 @@ class ModuleEngine(BaseEngine):
             micro.batch["attention_mask"],
             micro.batch.get("position_ids"),
             remove_padding=self.config.use_remove_padding,
+            attn_implementation=self.config.attn_implementation,
         )
         return self.module(stream, temperature, compute_entropy)
 

@@ -3,17 +3,23 @@
 A ``TokenStream`` is what the model sees:
 
 * padded: the ``[b, T]`` rows as they are, with the 2-D attention mask;
-* packed (remove-padding): the valid tokens of all rows concatenated into one
-  ``[1, N]`` row, ``position_ids`` restarting at each sequence and no attention mask.
-  transformers (>= 4.56, incl. 5.x) then builds a block-diagonal causal mask from the
-  position resets for sdpa/eager/flex and uses varlen kernels for flash-attention; this
-  needs ``use_cache=False`` (a KV cache switches the detection off). A new sequence is
-  recognised wherever the position does not increase by exactly one.
+* packed (remove-padding): the real tokens of all sequences placed back to back,
+  ``position_ids`` restarting at 0 for each sequence and no attention mask.
+  transformers (>= 4.56, incl. 5.x) builds a block-diagonal causal mask from the
+  position resets for sdpa/eager/flex and uses varlen kernels for flash-attention;
+  this needs ``use_cache=False`` (a KV cache switches the detection off). A new
+  sequence is recognised wherever the position does not increase by exactly one.
 
-Either way the model's per-token outputs come back as a flat tensor over the stream
-(``[b*T]`` or ``[N]``) and ``to_rows`` scatters them into ``[b, T]`` (zeros at padding).
-``source_index`` lists the stream positions whose next stream token is a real next
-token of the same sequence: the logits there predict ``target_index = source_index + 1``.
+Packed row length: attention implementations with variable-length kernels
+(``VARLEN_ATTENTION``) get all tokens in one row. The others (sdpa, eager) attend over
+the whole row, so a single row of N tokens would cost N^2; their sequences are packed
+first-fit into rows as long as the longest sequence, and the tail of each row is
+filler tokens forming their own block (causal attention: real tokens never see them).
+
+Model outputs come back as a flat tensor over the stream slots (``[rows * width]``)
+and ``to_rows`` puts them into ``[b, T]`` (zeros at padding). ``source_index`` lists
+the slots whose next slot is the next token of the same sequence: the logits there
+predict the token at ``target_index = source_index + 1``.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from typing import Optional
 
 import torch
 
-__all__ = ["TokenStream", "default_position_ids", "make_token_stream"]
+__all__ = ["VARLEN_ATTENTION", "TokenStream", "default_position_ids", "first_fit_rows", "make_token_stream"]
+
+VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention"})
 
 
 def default_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -33,14 +41,15 @@ def default_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class TokenStream:
-    """One model call's inputs plus the index maps between the stream and the ``[b, T]`` rows."""
+    """One model call's inputs plus the index maps between stream slots and the ``[b, T]`` rows."""
 
-    input_ids: torch.Tensor  # [1, N] packed or [b, T] padded
-    position_ids: torch.Tensor
+    input_ids: torch.Tensor  # [rows, width]
+    position_ids: torch.Tensor  # [rows, width]
     attention_mask: Optional[torch.Tensor]  # None when packed
-    source_index: torch.Tensor  # stream positions that predict a next token of the same sequence
-    valid_index: Optional[torch.Tensor]  # packed: flat [b*T] index of each stream token; None when padded
-    rows_shape: tuple[int, int]
+    slot_index: torch.Tensor  # flat stream slot of each real token
+    batch_index: torch.Tensor  # flat [b*T] position of the same token
+    source_index: torch.Tensor  # slots that predict the next token of the same sequence
+    rows_shape: tuple[int, int]  # (b, T) of the micro-batch
 
     @property
     def target_index(self) -> torch.Tensor:
@@ -48,16 +57,42 @@ class TokenStream:
 
     @property
     def labels(self) -> torch.Tensor:
-        """The token each ``source_index`` position predicts."""
+        """The token each ``source_index`` slot predicts."""
         return self.input_ids.reshape(-1).index_select(0, self.target_index)
 
     def to_rows(self, flat: torch.Tensor) -> torch.Tensor:
-        """A flat per-stream-token tensor as ``[b, T]`` rows (zeros at padding); differentiable."""
+        """Per-slot values as a new ``[b, T]`` tensor (zeros at padding); differentiable, never a view
+        (FSDP2's hooks on module outputs do not survive in-place ops on views)."""
         rows, width = self.rows_shape
-        if self.valid_index is None:
-            return flat.reshape(rows, width)
-        out = flat.new_zeros(rows * width)
-        return out.index_put((self.valid_index,), flat).reshape(rows, width)
+        values = flat.index_select(0, self.slot_index)
+        return flat.new_zeros(rows, width).index_put((self.batch_index // width, self.batch_index % width), values)
+
+
+def first_fit_rows(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Sequence indices per packed row (longest first, each into the first row it fits)."""
+    rows: list[list[int]] = []
+    loads: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if lengths[index] == 0:
+            continue
+        for row, load in enumerate(loads):
+            if load + lengths[index] <= capacity:
+                rows[row].append(index)
+                loads[row] += lengths[index]
+                break
+        else:
+            rows.append([index])
+            loads.append(lengths[index])
+    return rows
+
+
+def _source_index(num_slots: int, slot_index: torch.Tensor, start_slots: torch.Tensor) -> torch.Tensor:
+    real = torch.zeros(num_slots, dtype=torch.bool, device=slot_index.device)
+    real[slot_index] = True
+    start = torch.zeros_like(real)
+    start[start_slots] = True
+    has_next = real[:-1] & real[1:] & ~start[1:]
+    return has_next.nonzero().squeeze(-1)
 
 
 def make_token_stream(
@@ -65,35 +100,54 @@ def make_token_stream(
     attention_mask: torch.Tensor,
     position_ids: Optional[torch.Tensor],
     remove_padding: bool,
+    attn_implementation: str = "sdpa",
 ) -> TokenStream:
     """Lay out a ``[b, T]`` micro-batch for one model call (see the module docstring)."""
     if position_ids is None:
         position_ids = default_position_ids(attention_mask)
+    batch_rows, width = input_ids.shape
     mask = attention_mask.bool()
-    rows, width = input_ids.shape
+    real_cols = [mask[row].nonzero().squeeze(-1) for row in range(batch_rows)]
+    device = input_ids.device
     if not remove_padding:
-        has_next = torch.zeros_like(mask)
-        has_next[:, :-1] = mask[:, :-1] & mask[:, 1:]
+        batch_index = mask.reshape(-1).nonzero().squeeze(-1)
+        starts = torch.tensor([row * width + int(cols[0]) for row, cols in enumerate(real_cols) if len(cols)], device=device)
         return TokenStream(
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=attention_mask,
-            source_index=has_next.reshape(-1).nonzero().squeeze(-1),
-            valid_index=None,
-            rows_shape=(rows, width),
+            slot_index=batch_index,
+            batch_index=batch_index,
+            source_index=_source_index(batch_rows * width, batch_index, starts.long()),
+            rows_shape=(batch_rows, width),
         )
-    valid_index = mask.reshape(-1).nonzero().squeeze(-1)
-    lengths = mask.sum(-1)
-    starts = torch.cumsum(lengths, 0) - lengths  # stream offset of each row's first token
-    is_start = torch.zeros(int(lengths.sum()), dtype=torch.bool, device=input_ids.device)
-    is_start[starts[lengths > 0]] = True
-    has_next = torch.zeros_like(is_start)
-    has_next[:-1] = ~is_start[1:]
+    lengths = [len(cols) for cols in real_cols]
+    capacity = sum(lengths) if attn_implementation in VARLEN_ATTENTION else max(lengths)
+    packed_rows = first_fit_rows(lengths, capacity)
+    slots, tokens, starts, filler_slots, filler_positions = [], [], [], [], []
+    for row, members in enumerate(packed_rows):
+        offset = row * capacity
+        for seq in members:
+            starts.append(offset)
+            slots.append(torch.arange(offset, offset + lengths[seq], device=device))
+            tokens.append(seq * width + real_cols[seq])
+            offset += lengths[seq]
+        filler = (row + 1) * capacity - offset
+        filler_slots.append(torch.arange(offset, offset + filler, device=device))
+        filler_positions.append(torch.arange(filler, device=device))
+    slot_index, batch_index = torch.cat(slots), torch.cat(tokens)
+    num_slots = len(packed_rows) * capacity
+    stream_ids = torch.zeros(num_slots, dtype=input_ids.dtype, device=device)
+    stream_positions = torch.zeros(num_slots, dtype=position_ids.dtype, device=device)
+    stream_ids[slot_index] = input_ids.reshape(-1)[batch_index]
+    stream_positions[slot_index] = position_ids.reshape(-1)[batch_index]
+    stream_positions[torch.cat(filler_slots)] = torch.cat(filler_positions).to(position_ids.dtype)
     return TokenStream(
-        input_ids=input_ids.reshape(-1).index_select(0, valid_index).unsqueeze(0),
-        position_ids=position_ids.reshape(-1).index_select(0, valid_index).unsqueeze(0),
+        input_ids=stream_ids.reshape(-1, capacity),
+        position_ids=stream_positions.reshape(-1, capacity),
         attention_mask=None,
-        source_index=has_next.nonzero().squeeze(-1),
-        valid_index=valid_index,
-        rows_shape=(rows, width),
+        slot_index=slot_index,
+        batch_index=batch_index,
+        source_index=_source_index(num_slots, slot_index, torch.tensor(starts, dtype=torch.long, device=device)),
+        rows_shape=(batch_rows, width),
     )
