@@ -154,16 +154,11 @@ class PPOTrainer:
                 scores, reward_metrics = self.reward_manager(batch)
                 batch.batch["token_level_scores"] = scores
                 metrics.update(reward_metrics)
-            with timed("old_log_prob", timings):
-                batch.union(roles.actor.compute_log_prob(batch))
+            with timed("log_probs_and_values", timings):
+                for result in self._forward_passes(batch):
+                    batch.union(result.get())
             metrics.update(rollout_mismatch_metrics(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
                                                     batch.batch["response_mask"]))
-            if self.use_ref:
-                with timed("ref", timings):
-                    batch.union(roles.ref.compute_ref_log_prob(batch))
-            if self.use_critic:
-                with timed("values", timings):
-                    batch.union(roles.critic.compute_values(batch))
             with timed("adv", timings):
                 metrics.update(self._compute_advantages(batch, prompts))
             if self.use_critic:
@@ -180,6 +175,20 @@ class PPOTrainer:
         metrics["training/global_step"] = step
         metrics["training/epoch"] = self.train_loader.epoch
         return metrics
+
+    def _forward_passes(self, batch: DataProto) -> list:
+        """Start the independent forward passes (old log-probs, ref log-probs, values) at once.
+
+        They are futures: with split placement the actor, reference and critic pools compute in
+        parallel; colocated, each process runs them one after the other.
+        """
+        roles = self.roles
+        passes = [roles.actor.compute_log_prob.future(batch)]
+        if self.use_ref:
+            passes.append(roles.ref.compute_ref_log_prob.future(batch))
+        if self.use_critic:
+            passes.append(roles.critic.compute_values.future(batch))
+        return passes
 
     def _compute_advantages(self, batch: DataProto, prompts: DataProto) -> dict[str, float]:
         algo, metrics = self.config.algorithm, {}

@@ -69,9 +69,12 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tiny_model, addit
 
 
 @pytest.mark.timeout(600)
-def test_ppo_with_critic_runs_and_value_loss_falls(tiny_model, addition_data, tmp_path):
+def test_ppo_with_critic_runs_split_and_value_loss_falls(tiny_model, addition_data, tmp_path):
+    """GAE + critic with a pool per role: actor, rollout (weights through the object store) and critic."""
     overrides = base_overrides(tiny_model, addition_data, tmp_path) + [
         "algorithm=ppo",
+        "trainer.placement=split",
+        "trainer.cpus_per_proc=0.5",
         "trainer.total_training_steps=4",
         "critic.ppo_mini_batch_size=2",
         "critic.engine.optimizer.lr=3e-3",
@@ -83,3 +86,4 @@ def test_ppo_with_critic_runs_and_value_loss_falls(tiny_model, addition_data, tm
     assert len(vf_loss) == 4 and all(v == v for v in vf_loss)
     assert vf_loss[-1] < vf_loss[0], vf_loss
     assert all("critic/values/mean" in r for r in records)
+    assert all(r["weight_sync/mb"] > 0 for r in records)
