@@ -69,6 +69,9 @@ def parity_configs(world_size: int) -> dict[str, dict[str, Any]]:
     }
     for name in ENGINES:
         configs[f"{name}-dynamic"] = engine_config(name, use_dynamic_bsz=True, max_token_len_per_micro_batch=30)
+    if world_size == 1:
+        for name in ENGINES:
+            configs[f"{name}-gradckpt"] = engine_config(name, gradient_checkpointing=True, micro_batch_size=4)
     if world_size == 2:
         configs["fsdp2-hybrid"] = engine_config("fsdp2", hybrid_replicate_size=2, micro_batch_size=2)
     return configs

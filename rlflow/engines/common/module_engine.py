@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import math
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -171,10 +171,10 @@ class ModuleEngine(BaseEngine):
         finally:
             self.module.train(previous)
 
-    def train_mode(self):  # type: ignore[override]
+    def train_mode(self) -> AbstractContextManager[None]:
         return self._mode(True)
 
-    def eval_mode(self):  # type: ignore[override]
+    def eval_mode(self) -> AbstractContextManager[None]:
         return self._mode(False)
 
     # ------------------------------------------------------------------ memory placement
