@@ -167,13 +167,22 @@ class AlgorithmConfig:
 
 
 @dataclass
+class RewardModelConfig:
+    """A value-head reward model whose last-token value scores each response."""
+
+    enable: bool = False
+    path: Optional[str] = None  # HF folder (+ value_head.safetensors); null: model.path
+    engine: Any = None  # validated against the engine's own dataclass (configs/engine/*.yaml)
+
+
+@dataclass
 class RewardConfig:
     """How responses are scored."""
 
     custom_function: Optional[str] = None  # path/to/file.py:fn or module.path:fn
     num_workers: int = 0  # >0: score in a pool of worker processes
     error_score: float = 0.0  # score given when a reward function raises or returns non-finite
-    reward_model: Optional[dict[str, Any]] = None
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.engines.registry import get_engine_cls
 
 # Where the `engine` group is mounted in each entry point's config.
-PPO_ENGINE_MOUNTS = ("actor.engine", "critic.engine", "ref.engine")
+PPO_ENGINE_MOUNTS = ("actor.engine", "critic.engine", "ref.engine", "reward.reward_model.engine")
 SFT_ENGINE_MOUNTS = ("engine",)
 
 

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from rlflow.config import ConfigError
 from rlflow.roles.actor import Actor
 from rlflow.roles.actor_rollout_ref import ActorRolloutRef
 from rlflow.roles.critic import Critic
 from rlflow.roles.reference import Reference
+from rlflow.roles.reward_model import RewardModel
 from rlflow.roles.rollout_worker import RolloutWorker
 from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
 
@@ -30,6 +32,7 @@ class PlacedRoles:
     rollout: RoleHandle
     ref: Optional[RoleHandle]
     critic: Optional[RoleHandle]
+    reward_model: Optional[RoleHandle]
     colocated: bool
     groups: list[RayWorkerGroup] = field(default_factory=list)
 
@@ -58,18 +61,31 @@ def _pool(trainer_config: Any, name: str, procs_per_node: int) -> ResourcePool:
 def place_roles(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
     """Start the worker groups ``trainer.placement`` asks for."""
     placements = {"colocated": _place_colocated, "split": _place_split}
+    if config.trainer.placement not in placements:
+        raise ConfigError(f"config key 'trainer.placement': {config.trainer.placement!r} is not one of {sorted(placements)}")
     return placements[config.trainer.placement](config, model_path, use_ref, use_critic)
 
 
+def _reward_model_spec(config: Any, model_path: Path) -> Optional[WorkerSpec]:
+    reward_model = config.reward.reward_model
+    if not reward_model.enable:
+        return None
+    return WorkerSpec(RewardModel, reward_model, reward_model.path or str(model_path))
+
+
 def _place_colocated(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
-    workers = {
-        "actor": WorkerSpec(ActorRolloutRef, config.actor, config.rollout, str(model_path), config.ref if use_ref else None)
+    optional = {
+        "critic": WorkerSpec(Critic, config.critic, str(model_path)) if use_critic else None,
+        "reward_model": _reward_model_spec(config, model_path),
     }
-    if use_critic:
-        workers["critic"] = WorkerSpec(Critic, config.critic, str(model_path))
+    workers = {
+        "actor": WorkerSpec(ActorRolloutRef, config.actor, config.rollout, str(model_path), config.ref if use_ref else None),
+        **{role: spec for role, spec in optional.items() if spec is not None},
+    }
     group = RayWorkerGroup(_pool(config.trainer, "colocated", config.trainer.n_procs_per_node), workers, name="colocated")
     actor = group.role("actor")
-    return PlacedRoles(actor, actor, actor if use_ref else None, group.role("critic") if use_critic else None,
+    hosted = {role: group.role(role) if role in workers else None for role in optional}
+    return PlacedRoles(actor, actor, actor if use_ref else None, hosted["critic"], hosted["reward_model"],
                        colocated=True, groups=[group])
 
 
@@ -88,8 +104,10 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
                         config.rollout.num_replicas or procs)
         ref = start("ref", WorkerSpec(Reference, config.ref, str(model_path)), procs) if use_ref else None
         critic = start("critic", WorkerSpec(Critic, config.critic, str(model_path)), procs) if use_critic else None
+        reward_spec = _reward_model_spec(config, model_path)
+        reward_model = start("reward_model", reward_spec, procs) if reward_spec else None
     except BaseException:
         for group in reversed(groups):
             group.shutdown()
         raise
-    return PlacedRoles(actor, rollout, ref, critic, colocated=False, groups=groups)
+    return PlacedRoles(actor, rollout, ref, critic, reward_model, colocated=False, groups=groups)

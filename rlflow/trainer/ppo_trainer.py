@@ -151,9 +151,7 @@ class PPOTrainer:
             batch.meta_info = {"temperature": cfg.rollout.temperature, "global_step": step}
             batch = balance_batch(batch, self.world_size)
             with timed("reward", timings):
-                scores, reward_metrics = self.reward_manager(batch)
-                batch.batch["token_level_scores"] = scores
-                metrics.update(reward_metrics)
+                batch.batch["token_level_scores"] = self._score(batch, metrics)
             with timed("log_probs_and_values", timings):
                 for result in self._forward_passes(batch):
                     batch.union(result.get())
@@ -175,6 +173,14 @@ class PPOTrainer:
         metrics["training/global_step"] = step
         metrics["training/epoch"] = self.train_loader.epoch
         return metrics
+
+    def _score(self, batch: DataProto, metrics: dict[str, float]) -> torch.Tensor:
+        """Token-level scores: the reward model's when one is enabled, else the rule/custom rewards."""
+        if self.roles.reward_model is not None:
+            return self.roles.reward_model.compute_rm_score(batch).batch["rm_scores"]
+        scores, reward_metrics = self.reward_manager(batch)
+        metrics.update(reward_metrics)
+        return scores
 
     def _forward_passes(self, batch: DataProto) -> list:
         """Start the independent forward passes (old log-probs, ref log-probs, values) at once.

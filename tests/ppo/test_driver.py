@@ -87,3 +87,22 @@ def test_ppo_with_critic_runs_split_and_value_loss_falls(tiny_model, addition_da
     assert vf_loss[-1] < vf_loss[0], vf_loss
     assert all("critic/values/mean" in r for r in records)
     assert all(r["weight_sync/mb"] > 0 for r in records)
+
+
+@pytest.mark.timeout(600)
+def test_reward_model_and_kl_loss_with_reference(tiny_model, addition_data, tmp_path):
+    """A value-head reward model scores the responses; the KL loss brings up the reference engine."""
+    overrides = base_overrides(tiny_model, addition_data, tmp_path) + [
+        "trainer.total_training_steps=2",
+        "reward.reward_model.enable=true",
+        "actor.use_kl_loss=true",
+        "actor.engine.optimizer.lr=1e-3",
+    ]
+    result = run_main_ppo(overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert len(records) == 2
+    # a randomly initialized value head gives scores that vary across responses
+    assert all(r["critic/score/max"] > r["critic/score/min"] for r in records)
+    assert all("reward/error_count" not in r for r in records), "rule rewards ran although the reward model is on"
+    assert "actor/kl_loss" in records[1] and "actor/ref_kl" in records[1]
