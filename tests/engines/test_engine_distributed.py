@@ -20,6 +20,9 @@ from rlflow.models.value_head import ValueHeadModel
 from rlflow.trainer.core_algos import loss_agg_modes
 
 TOKEN_TOL = 1e-5
+# The module fixtures each run one multi-configuration launch (about a minute of CPU); on a
+# heavily shared machine that can pass pytest.ini's 300 s, so allow more. A hang still fails.
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
