@@ -5,6 +5,10 @@
 * vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op for the whole process when it
   starts. The rollout shares its process with training, which must keep control of its threads,
   so the original function is put back once the engine is up.
+* Seeded requests crash the CPU build when a prefill is split over scheduler steps (chunked
+  prefill): vLLM then rewinds the request's generator with ``set_offset``, which CPU generators
+  lack ("CPU Generator does not use offset"). Chunked prefill is therefore off on CPU
+  (``ENGINE_KWARGS``); every prompt is prefilled in one step.
 * There is no sleep mode: ``sleep()``/``wake_up()`` are no-ops (``SLEEP_SUPPORTED``).
 """
 
@@ -22,6 +26,7 @@ from rlflow.utils.logging import get_logger
 logger = get_logger(__name__)
 
 SLEEP_SUPPORTED = False
+ENGINE_KWARGS = {"enable_chunked_prefill": False}
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 

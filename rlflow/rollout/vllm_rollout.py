@@ -63,7 +63,7 @@ class VLLMRollout(BaseRollout):
                 f"{config.tensor_parallel_size}; run more replicas (rollout.num_replicas) instead"
             )
         self._on_cpu = self.device.type == "cpu"
-        self._sleep_enabled = not self._on_cpu and bool(config.free_cache_engine)
+        self._sleep_enabled = bool(config.free_cache_engine) and (not self._on_cpu or vllm_cpu_compat.SLEEP_SUPPORTED)
         self._asleep = False
         self._host_owns_group = dist.is_available() and dist.is_initialized()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -77,7 +77,7 @@ class VLLMRollout(BaseRollout):
         kwargs: dict[str, Any] = dict(
             tokenizer=self.model_path,
             dtype=config.dtype,
-            seed=int(config.seed or 0),
+            seed=request_seed(int(config.seed or 0), self.replica_rank),  # unseeded requests differ per replica
             max_model_len=self.max_model_len,
             max_num_seqs=int(config.max_num_seqs),
             enforce_eager=bool(config.enforce_eager),
@@ -88,6 +88,7 @@ class VLLMRollout(BaseRollout):
         )
         if self._on_cpu:
             vllm_cpu_compat.check_kv_cache_size(config.kv_cache_space_gb)
+            kwargs.update(vllm_cpu_compat.ENGINE_KWARGS)
         if config.kv_cache_space_gb is not None:
             kwargs["kv_cache_memory_bytes"] = int(float(config.kv_cache_space_gb) * GiB)
         else:

@@ -22,3 +22,18 @@ def tokenizer(tiny_path):
 def hf_model(tiny_path):
     """A fresh fp32 HF model of the preset (tests may change its weights)."""
     return load_causal_lm(tiny_path, dtype="float32").eval()
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray session (short temp dir, 8 logical CPUs) for the rollout modules that need workers."""
+    import shutil
+    import tempfile
+
+    from rlflow.workers import init_ray, shutdown_ray
+
+    temp_dir = tempfile.mkdtemp(prefix="r", dir="/tmp")
+    init_ray(num_cpus=8, temp_dir=temp_dir)
+    yield
+    shutdown_ray()
+    shutil.rmtree(temp_dir, ignore_errors=True)

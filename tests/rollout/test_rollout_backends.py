@@ -105,6 +105,17 @@ def test_seeded_sampling_reproduces_and_steps_differ(rollout, tokenizer):
     assert not torch.equal(first.batch["responses"], later.batch["responses"])
 
 
+def test_seeded_sampling_reproduces_over_many_long_prompts(rollout, tokenizer):
+    # ~13k prompt tokens: more than one vLLM scheduler step's token budget (chunked prefill would split them)
+    generator = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 300, (int(n),), generator=generator).tolist() for n in torch.randint(250, 290, (48,))]
+    prompts = make_prompts(tokenizer, token_lists=rows)
+    sampling = SamplingConfig(n=1, temperature=1.0, seed=77)
+    first, again = rollout.generate(prompts, sampling), rollout.generate(prompts, sampling)
+    assert first.batch["response_mask"].sum() > 0
+    assert torch.equal(first.batch["responses"], again.batch["responses"])
+
+
 def test_too_long_prompt_errors_or_truncates_and_engine_survives(rollout, tokenizer, hf_model, monkeypatch):
     budget = rollout.max_model_len - 8
     long_prompt = make_prompts(tokenizer, token_lists=[[5] * 3, list(range(3, 3 + budget + 7))])

@@ -1,12 +1,13 @@
-"""vLLM only: after a weight sync the prefix cache must be reset, or cached prompt KV from the old weights is reused.
+"""vLLM-only behaviour: the prefix cache after a weight sync, and what the engine leaves in its host process.
 
-This is the teeth of the sync check: the same comparison that passes after a normal
-``update_weights`` fails when the reset is skipped.
+The prefix-cache test is the teeth of the sync check: the same comparison that passes after a
+normal ``update_weights`` fails when the reset is skipped.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 from rollout_testlib import make_prompts, max_log_prob_error, perturbed_state, rollout_config
 
 from rlflow.config.schema import SamplingConfig
@@ -41,3 +42,12 @@ def test_sync_without_prefix_cache_reset_serves_stale_log_probs(vllm_rollout, to
         assert max_log_prob_error(hf_model, vllm_rollout.generate(long_prompt, GREEDY)) <= 1e-4
     finally:
         vllm_rollout.update_weights(original.items())
+
+
+def test_engine_leaves_thread_control_to_the_host_process(vllm_rollout):
+    # vLLM's CPU worker swaps torch.set_num_threads for a no-op; the rollout must put it back
+    assert torch.set_num_threads is torch._C.set_num_threads
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(before)
