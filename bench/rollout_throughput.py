@@ -44,7 +44,9 @@ def make_prompts(count: int, vocab: int, min_len: int = 16, max_len: int = 48) -
     return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, {"uid": uids})
 
 
-def measure(backend: str, model_path: Path, prompts: DataProto, sampling: SamplingConfig, config: RolloutConfig) -> dict:
+def measure(
+    backend: str, model_path: Path, prompts: DataProto, sampling: SamplingConfig, config: RolloutConfig
+) -> dict:
     """Tokens/s of one timed generate (after a warm-up) and the in-process sync time per MiB."""
     weights = load_file(str(model_path / "model.safetensors"))
     start = time.perf_counter()
@@ -88,8 +90,10 @@ def main() -> None:
         results = {}
         for backend in BACKENDS:
             r = results[backend] = measure(backend, model_path, prompts, sampling, config)
-            print(f"{size:<6} {backend:<7} {args.prompts * args.n:>5} {r['tokens']:>7} {r['startup_s']:>8.1f} "
-                  f"{r['generate_s']:>7.2f} {r['tokens_per_s']:>8.0f} {r['sync_mb']:>9.1f} {r['sync_ms_per_mb']:>12.2f}")
+            print(
+                f"{size:<6} {backend:<7} {args.prompts * args.n:>5} {r['tokens']:>7} {r['startup_s']:>8.1f} "
+                f"{r['generate_s']:>7.2f} {r['tokens_per_s']:>8.0f} {r['sync_mb']:>9.1f} {r['sync_ms_per_mb']:>12.2f}"
+            )
         ratio = results["vllm"]["tokens_per_s"] / results["hf"]["tokens_per_s"]
         print(f"{size:<6} vllm/hf generation throughput ratio: {ratio:.2f}")
 

@@ -42,7 +42,9 @@ def balanced_partition(weights: Sequence[int], parts: int) -> list[list[int]]:
 def _the_dataproto(ctx: DispatchContext, args: tuple, kwargs: dict) -> DataProto:
     found = [v for v in (*args, *kwargs.values()) if isinstance(v, DataProto)]
     if len(found) != 1:
-        raise DataProtoError(f"{ctx.method} ({DP_BALANCED_TOKENS}) takes exactly one DataProto argument, got {len(found)}")
+        raise DataProtoError(
+            f"{ctx.method} ({DP_BALANCED_TOKENS}) takes exactly one DataProto argument, got {len(found)}"
+        )
     return found[0]
 
 
@@ -51,17 +53,19 @@ def _dispatch(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
     data = _the_dataproto(ctx, args, kwargs)
     padded, pad_size = data.pad_to_divisor(mesh.dp_size)
     if "attention_mask" not in padded.batch:
-        raise DataProtoError(f"{ctx.method} ({DP_BALANCED_TOKENS}) balances by 'attention_mask' token counts; it is missing")
+        raise DataProtoError(
+            f"{ctx.method} ({DP_BALANCED_TOKENS}) balances by 'attention_mask' token counts; it is missing"
+        )
     tokens = padded.batch["attention_mask"].sum(dim=1).tolist()
     order = np.concatenate([np.asarray(p, dtype=np.int64) for p in balanced_partition(tokens, mesh.dp_size)])
     shards = padded[order].chunk(mesh.dp_size) if len(padded) else [padded] * mesh.dp_size
     ctx.state.update(order=order, pad_size=pad_size, rows=len(data))
 
-    def pick(value: Any, dp: int) -> Any:
-        return shards[dp] if value is data else value
+    def pick(value: Any, rank: int) -> Any:
+        return shards[mesh.dp_rank_of[rank]] if value is data else value
 
     return {
-        rank: (tuple(pick(a, mesh.dp_rank_of[rank]) for a in args), {k: pick(v, mesh.dp_rank_of[rank]) for k, v in kwargs.items()})
+        rank: (tuple(pick(a, rank) for a in args), {k: pick(v, rank) for k, v in kwargs.items()})
         for rank in range(ctx.world_size)
     }
 
@@ -76,7 +80,9 @@ def _collect(ctx: DispatchContext, outputs: Mapping[int, Any]) -> DataProto:
         return merged
     per_row, remainder = divmod(len(merged), len(order))
     if remainder or per_row < 1:
-        raise DataProtoError(f"{ctx.method}: replicas returned {len(merged)} rows for {len(order)} inputs; need k per input")
+        raise DataProtoError(
+            f"{ctx.method}: replicas returned {len(merged)} rows for {len(order)} inputs; need k rows per input"
+        )
     position = np.empty_like(order)
     position[order] = np.arange(len(order))  # where each input row went
     rows = (position[: ctx.state["rows"], None] * per_row + np.arange(per_row)).reshape(-1)

@@ -60,7 +60,9 @@ class BaseRollout(ABC):
         afresh and a rerun with the same seed reproduces every step.
         """
         if not self._weights_valid:
-            raise WeightSyncError("the last weight sync failed part-way; the engine holds mixed weights until a sync succeeds")
+            raise WeightSyncError(
+                "the last weight sync failed part-way; the engine holds mixed weights until a sync succeeds"
+            )
         params = resolve_sampling(self.config if sampling is None else sampling, self.config.response_length)
         if len(prompts) == 0:
             return build_rollout_output(prompts, [], [], [], params, self.pad_token_id)
@@ -71,7 +73,8 @@ class BaseRollout(ABC):
         if params.seed is not None:
             seed_key = (int(params.seed), int(prompts.meta_info.get("global_step", 0)), self.replica_rank)
         responses, log_probs = self._sample(tokens, params, seed_key)
-        responses, log_probs = cut_responses(responses, log_probs, ResponseEnd(self.eos_ids, params.stop, self.tokenizer))
+        end = ResponseEnd(self.eos_ids, params.stop, self.tokenizer)
+        responses, log_probs = cut_responses(responses, log_probs, end)
         return build_rollout_output(prompts, tokens, responses, log_probs, params, self.pad_token_id)
 
     @abstractmethod
@@ -145,5 +148,7 @@ def build_rollout(
 ) -> BaseRollout:
     """The backend named by ``config.name``, built for ``model_path`` on ``device``."""
     if config.name not in _ROLLOUTS:
-        raise ConfigError(f"config key 'rollout.name': unknown rollout backend {config.name!r}; choose one of {rollout_names()}")
+        raise ConfigError(
+            f"config key 'rollout.name': unknown rollout backend {config.name!r}; choose one of {rollout_names()}"
+        )
     return _ROLLOUTS[config.name](config, model_path, device, replica_rank)

@@ -74,7 +74,8 @@ class HFRollout(BaseRollout):
         responses, log_probs = [], []
         for index, start in enumerate(range(0, len(expanded), batch_size)):
             seed = None if seed_key is None else request_seed(*seed_key, index)
-            tokens, values = self._generate_batch(expanded[start : start + batch_size], sampling, generation_config, seed)
+            batch = expanded[start : start + batch_size]
+            tokens, values = self._generate_batch(batch, sampling, generation_config, seed)
             responses += tokens
             log_probs += values
         return responses, log_probs

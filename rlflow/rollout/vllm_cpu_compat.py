@@ -39,7 +39,10 @@ def check_kv_cache_size(kv_cache_space_gb: Optional[float]) -> None:
         )
     if os.environ.get(KV_CACHE_ENV):
         logger.warning(
-            "%s=%s is set and overrides rollout.kv_cache_space_gb=%s", KV_CACHE_ENV, os.environ[KV_CACHE_ENV], kv_cache_space_gb
+            "%s=%s is set and overrides rollout.kv_cache_space_gb=%s",
+            KV_CACHE_ENV,
+            os.environ[KV_CACHE_ENV],
+            kv_cache_space_gb,
         )
 
 
