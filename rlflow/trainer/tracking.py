@@ -159,7 +159,7 @@ class ConsoleTracker(Tracker):
         from tqdm import tqdm
 
         if self.bar is None:  # created at the first step so a resumed run's bar starts where it left off
-            self.bar = tqdm(total=self.run.total_steps, initial=step - 1, desc=self.run.experiment, unit="step",
+            self.bar = tqdm(total=self.run.total_steps, initial=max(step - 1, 0), desc=self.run.experiment, unit="step",
                             file=sys.stderr, dynamic_ncols=True)
         self.bar.update(step - self.bar.n)
         tqdm.write(format_step_line(numeric_metrics(metrics), step, self.run.total_steps), file=sys.stdout)
