@@ -1,0 +1,120 @@
+"""SFT entry point: ``python -m rlflow.trainer.main_sft engine=fsdp2 data.train_files=[...] key=value ...``.
+
+Two launchers (``trainer.launcher``) run the same ``SFTWorker`` code and the same loop:
+
+* ``ray`` (default): this process is the controller; the workers are a ``RayWorkerGroup`` of
+  ``trainer.nnodes x trainer.n_procs_per_node`` processes (a local Ray cluster is started
+  unless ``trainer.ray_address`` names one).
+* ``torchrun``: ``torchrun --nproc_per_node N -m rlflow.trainer.main_sft trainer.launcher=torchrun ...``;
+  every process holds its own worker in-process (``LocalWorkerGroup``) and rank 0 logs.
+  Without torchrun's environment it is a one-process run.
+
+See docs/sft.md.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from rlflow.config import ConfigError
+from rlflow.models.ensure import ensure_model
+from rlflow.roles.sft_worker import SFTWorker
+from rlflow.trainer.config_loading import load_sft_config
+from rlflow.trainer.entry import run_hydra_entry
+from rlflow.trainer.local_group import LocalWorkerGroup
+from rlflow.trainer.sft_trainer import SFTRun, SFTTrainer, prepare_sft_run
+from rlflow.trainer.tracking import Tracking
+from rlflow.workers import RayWorkerGroup, ResourcePool, WorkerSpec, init_ray, shutdown_ray
+from rlflow.workers.worker import ENV_DEVICE, WorkerContext, setup_worker_process
+
+History = list[dict[str, Any]]
+
+
+def _tracking(config: DictConfig, run: SFTRun) -> Tracking:
+    trainer = config.trainer
+    return Tracking(
+        trainer.project_name,
+        trainer.experiment_name,
+        trainer.logger,
+        config=config,
+        output_dir=trainer.default_local_dir,
+        total_steps=run.total_steps,
+    )
+
+
+def launch_ray(config: DictConfig) -> History:
+    """Controller in this process, one Ray actor per worker rank."""
+    trainer = config.trainer
+    model_path = ensure_model(config.model)
+    run = prepare_sft_run(config, model_path)
+    init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir)
+    group = None
+    try:
+        pool = ResourcePool(
+            procs_per_node=trainer.n_procs_per_node,
+            nnodes=trainer.nnodes,
+            cpus_per_proc=trainer.cpus_per_proc,
+            device=trainer.device,
+            name="sft",
+        )
+        group = RayWorkerGroup(pool, WorkerSpec(SFTWorker, run.engine_config, str(model_path)), name="sft")
+        with _tracking(config, run) as tracking:
+            return SFTTrainer(config, group, run, tracking).fit()
+    finally:
+        if group is not None:
+            group.shutdown()
+        shutdown_ray()
+
+
+def launch_torchrun(config: DictConfig) -> History:
+    """Every process runs the loop with its own worker; rank 0 builds the model folder and logs."""
+    os.environ.setdefault(ENV_DEVICE, config.trainer.device)
+    owns_process_group = not dist.is_initialized()
+    setup_worker_process(WorkerContext.from_env())
+    is_driver = dist.get_rank() == 0
+    try:
+        if is_driver:
+            ensure_model(config.model)
+        dist.barrier()
+        model_path = config.model.path
+        run = prepare_sft_run(config, model_path)
+        worker = SFTWorker(run.engine_config, model_path)
+        tracking = _tracking(config, run) if is_driver else None
+        try:
+            return SFTTrainer(config, LocalWorkerGroup(worker), run, tracking, is_driver).fit()
+        finally:
+            if tracking is not None:
+                tracking.finish()
+            worker.close()
+    finally:
+        if owns_process_group:
+            dist.destroy_process_group()
+
+
+LAUNCHERS: dict[str, Callable[[DictConfig], History]] = {"ray": launch_ray, "torchrun": launch_torchrun}
+
+
+def run_sft(config: DictConfig) -> History:
+    """Validate a composed ``sft_trainer`` config and train with the configured launcher."""
+    config = load_sft_config(config)
+    launcher = LAUNCHERS.get(config.trainer.launcher)
+    if launcher is None:
+        raise ConfigError(f"config key 'trainer.launcher': {config.trainer.launcher!r}; choose one of {sorted(LAUNCHERS)}")
+    return launcher(config)
+
+
+def run(config: DictConfig) -> None:
+    """Hydra entry body (``run_hydra_entry`` turns a ``UserError`` into one line and exit status 2)."""
+    run_sft(config)
+
+
+def main() -> None:
+    run_hydra_entry("sft_trainer", run)
+
+
+if __name__ == "__main__":
+    main()
