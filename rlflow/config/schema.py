@@ -186,8 +186,8 @@ class RewardConfig:
 
 
 @dataclass
-class TrainerConfig:
-    """Run-level settings: cluster shape, loop length, logging, checkpoints."""
+class RunConfig:
+    """Run-level settings every entry point shares: names, trackers, cluster shape, loop length, checkpoints."""
 
     project_name: str = "rlflow"
     experiment_name: str = "run"
@@ -196,11 +196,11 @@ class TrainerConfig:
     nnodes: int = 1
     n_procs_per_node: int = 1
     cpus_per_proc: float = 1.0
-    placement: str = "colocated"  # colocated | split
     ray_address: Optional[str] = None  # null: start a local Ray; "auto": join a running cluster
-    ray_num_cpus: Optional[int] = None
+    ray_num_cpus: Optional[float] = None
+    ray_temp_dir: Optional[str] = None  # local Ray's session folder (short path); null: Ray's default
     total_epochs: int = 1
-    total_training_steps: Optional[int] = None
+    total_training_steps: Optional[int] = None  # overrides total_epochs
     test_freq: int = -1
     val_before_train: bool = True
     save_freq: int = -1
@@ -208,7 +208,14 @@ class TrainerConfig:
     resume_mode: str = "auto"  # auto | disable | path
     resume_from_path: Optional[str] = None
     max_ckpt_to_keep: Optional[int] = None
-    export_hf_dir: Optional[str] = None
+    export_hf_dir: Optional[str] = None  # null: <default_local_dir>/hf
+
+
+@dataclass
+class TrainerConfig(RunConfig):
+    """Run-level settings of `main_ppo`: the shared ones plus role placement and the controller seed."""
+
+    placement: str = "colocated"  # colocated | split
     seed: int = 0
 
 
@@ -245,30 +252,11 @@ class SFTDataConfig:
 
 
 @dataclass
-class SFTTrainerConfig:
-    """Run-level settings for `main_sft`: launcher, cluster shape, loop length, logging, checkpoints."""
+class SFTTrainerConfig(RunConfig):
+    """Run-level settings of `main_sft`: the shared ones plus the launcher."""
 
-    project_name: str = "rlflow"
     experiment_name: str = "sft"
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    device: str = "auto"  # auto | cpu | cuda
     launcher: str = "ray"  # ray | torchrun
-    nnodes: int = 1
-    n_procs_per_node: int = 1
-    cpus_per_proc: float = 1.0
-    ray_address: Optional[str] = None  # null: start a local Ray; "auto": join a running cluster
-    ray_num_cpus: Optional[float] = None
-    ray_temp_dir: Optional[str] = None  # local Ray's session folder (short path); null: Ray's default
-    total_epochs: int = 1
-    total_training_steps: Optional[int] = None  # overrides total_epochs
-    test_freq: int = -1
-    val_before_train: bool = True
-    save_freq: int = -1
-    default_local_dir: str = "outputs/checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    resume_mode: str = "auto"  # auto | disable | path
-    resume_from_path: Optional[str] = None
-    max_ckpt_to_keep: Optional[int] = None
-    export_hf_dir: Optional[str] = None  # null: <default_local_dir>/hf
 
 
 @dataclass

@@ -104,7 +104,7 @@ class PPOTrainer:
 
     def _start_workers(self) -> None:
         trainer = self.config.trainer
-        init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus)
+        init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir)
         self.roles = place_roles(self.config, self.model_path, self.use_ref, self.use_critic)
 
     # ------------------------------------------------------------------ the loop
