@@ -1,0 +1,130 @@
+"""Cross-engine SFT parity: the same job on every registered engine at world size 1 and 2.
+
+One SFT job (tiny preset, 2-digit addition, seed 0, 16 samples per step in micro-batches of
+4, fp32, sequence packing, 5 steps) runs through the real entry code (``run_sft`` with
+``trainer.launcher=torchrun``) on each engine in ``EngineRegistry.names()``, world size 1 in
+the test process and world size 2 in one pair of spawned processes. Every loss curve must match the first engine's at world size 1
+within 1e-4 relative per step (docs/sft.md explains the tolerance), and that reference curve
+must match a plain single-process PyTorch loop (HF model, padded batches, AdamW) written
+independently of the engines. A newly registered engine (with its configs/engine/<name>.yaml)
+joins automatically.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from sft_testlib import SFTAssets, run_ranks, sft_assets, sft_config, step_losses
+from transformers import AutoModelForCausalLM
+
+from rlflow.data.sft_dataset import build_sft_loader
+from rlflow.engines import EngineRegistry
+from rlflow.models.loading import load_tokenizer
+from rlflow.trainer.main_sft import run_sft
+
+ENGINES = EngineRegistry.names()
+WORLD_SIZES = (1, 2)
+STEPS = 5
+RTOL = 1e-4
+LR, BETAS, EPS, GRAD_CLIP = 1e-3, (0.9, 0.999), 1e-8, 1.0
+
+
+def job_overrides(assets: SFTAssets, engine: str, run_dir: Path) -> list[str]:
+    return [
+        f"engine={engine}",
+        f"model.path={assets.model}",
+        f"data.train_files=[{assets.data['sft_train']}]",
+        "data.val_files=[]",
+        "data.train_batch_size=16",
+        "engine.micro_batch_size=4",
+        "engine.use_remove_padding=true",
+        "engine.dtype=float32",
+        "engine.param_dtype=float32",
+        f"engine.optimizer.lr={LR}",
+        f"engine.optimizer.betas=[{BETAS[0]},{BETAS[1]}]",
+        f"engine.optimizer.eps={EPS}",
+        f"engine.optimizer.grad_clip={GRAD_CLIP}",
+        "engine.optimizer.weight_decay=0.0",
+        "engine.lr_scheduler.name=constant",
+        "engine.lr_scheduler.warmup_steps=0",
+        "engine.seed=0",
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.launcher=torchrun",
+        "trainer.device=cpu",
+        "trainer.logger=[]",
+        "trainer.resume_mode=disable",
+        f"trainer.default_local_dir={run_dir}",
+    ]
+
+
+def run_every_engine(rank: int, assets: SFTAssets, out_dir: Path, world_size: int) -> None:
+    """On each rank: the job on every engine in turn (the process group is reused)."""
+    curves = {}
+    for engine in ENGINES:
+        history = run_sft(sft_config(job_overrides(assets, engine, out_dir / f"{engine}_ws{world_size}")))
+        curves[engine] = step_losses(history)
+    if rank == 0:
+        (out_dir / f"curves_ws{world_size}.json").write_text(json.dumps(curves))
+
+
+@pytest.fixture(scope="module")
+def curves(tmp_path_factory) -> dict[int, dict[str, dict[int, float]]]:
+    assets = sft_assets()
+    out_dir = tmp_path_factory.mktemp("sft_parity")
+    result = {}
+    for world_size in WORLD_SIZES:
+        run_ranks(run_every_engine, world_size, assets, out_dir, world_size)
+        loaded = json.loads((out_dir / f"curves_ws{world_size}.json").read_text())
+        result[world_size] = {engine: {int(k): v for k, v in curve.items()} for engine, curve in loaded.items()}
+    return result
+
+
+def plain_pytorch_losses(assets: SFTAssets) -> list[float]:
+    """The same job as a plain loop: padded HF forward, token-mean NLL on loss_mask tokens, clip, AdamW."""
+    torch.manual_seed(0)
+    config = sft_config(job_overrides(assets, ENGINES[0], Path("unused")))
+    loader = build_sft_loader(config.data, load_tokenizer(assets.model), "train")
+    model = AutoModelForCausalLM.from_pretrained(assets.model, dtype=torch.float32, attn_implementation="eager")
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+    losses = []
+    for _, batch in zip(range(STEPS), loader):
+        input_ids, attention_mask, loss_mask = (batch.batch[k] for k in ("input_ids", "attention_mask", "loss_mask"))
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+        token_log_probs = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        mask = loss_mask[:, 1:].float()
+        loss = -(token_log_probs * mask).sum() / mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def assert_curves_close(curve: dict[int, float], reference: dict[int, float], label: str) -> None:
+    assert sorted(curve) == list(range(1, STEPS + 1)), f"{label}: steps {sorted(curve)}"
+    rel = {step: abs(curve[step] - ref) / abs(ref) for step, ref in reference.items()}
+    print(f"{label}: max relative loss difference {max(rel.values()):.2e} over {STEPS} steps")
+    for step, ref in reference.items():
+        assert rel[step] <= RTOL, f"{label}: step {step} loss {curve[step]:.7f} vs {ref:.7f} (rel {rel[step]:.2e} > {RTOL})"
+
+
+def test_the_suite_covers_fsdp_and_fsdp2():
+    assert {"fsdp", "fsdp2"} <= set(ENGINES)
+
+
+def test_reference_engine_matches_a_plain_pytorch_loop(curves):
+    reference = curves[1][ENGINES[0]]
+    plain = dict(enumerate(plain_pytorch_losses(sft_assets()), start=1))
+    assert_curves_close(reference, plain, f"{ENGINES[0]} ws=1 vs plain PyTorch")
+    assert plain[STEPS] < plain[1], "the job must actually train"
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_engine_loss_curve_matches_the_reference(curves, engine, world_size):
+    assert_curves_close(curves[world_size][engine], curves[1][ENGINES[0]], f"{engine} ws={world_size}")
