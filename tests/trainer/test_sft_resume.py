@@ -3,8 +3,10 @@
 Run A trains 6 steps without stopping. Run B trains the same job but stops after step 3
 (its checkpoint is the one written at the end of that run), then a second invocation with
 ``resume_mode=auto`` continues it to step 6. Steps 4-6 must repeat A's losses, learning
-rates and gradient norms exactly: engine state, LR schedule (cosine, so a schedule restarted
-from scratch would show), RNG and data-loader position all come back from the checkpoint.
+rates, gradient norms and final validation loss exactly: engine state, LR schedule (cosine, so
+a schedule restarted from scratch would show), RNG and data-loader position all come back from
+the checkpoint. The validation loss over two ranks (batches padded with loss-free rows) is also
+checked against a plain forward pass.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from sft_testlib import SFTAssets, run_ranks, sft_assets, sft_config
+from transformers import AutoModelForCausalLM
 
+from rlflow.data.sft_dataset import SFTDataset
+from rlflow.models.loading import load_tokenizer
 from rlflow.trainer.main_sft import run_sft
 
 TOTAL, STOP = 6, 3
@@ -26,7 +32,8 @@ def job(assets: SFTAssets, run_dir: Path, steps: int) -> list[str]:
         "engine=fsdp2",
         f"model.path={assets.model}",
         f"data.train_files=[{assets.data['sft_train']}]",
-        "data.val_files=[]",
+        f"data.val_files=[{assets.data['sft_val']}]",
+        "data.val_batch_size=5",  # odd batches: each is padded for the 2 ranks with loss-free rows
         "data.train_batch_size=8",
         "engine.micro_batch_size=2",
         "engine.optimizer.lr=3e-3",
@@ -62,14 +69,30 @@ def runs(tmp_path_factory) -> tuple[dict[str, dict[int, dict]], Path]:
 
 def test_resumed_steps_repeat_the_uninterrupted_run_exactly(runs):
     by_step, _ = runs
-    assert sorted(by_step["stopped"]) == list(range(1, STOP + 1))
-    assert sorted(by_step["resumed"]) == list(range(STOP + 1, TOTAL + 1)), "the resumed run must start after step 3"
+    assert sorted(by_step["stopped"]) == list(range(0, STOP + 1))
+    assert sorted(by_step["resumed"]) == list(range(STOP + 1, TOTAL + 1)), "the resumed run starts after step 3"
     for step in range(1, TOTAL + 1):
         run = "stopped" if step <= STOP else "resumed"
         for key in KEYS:
             assert by_step[run][step][key] == by_step["uninterrupted"][step][key], (step, key)
+    assert by_step["resumed"][TOTAL]["val/loss"] == by_step["uninterrupted"][TOTAL]["val/loss"]
     losses = [by_step["uninterrupted"][s]["train/loss"] for s in range(1, TOTAL + 1)]
     assert losses[-1] < losses[0], "the job must actually train"
+
+
+def test_validation_loss_over_two_ranks_is_the_plain_token_mean(runs):
+    """Step 0's val/loss (24 samples in padded batches of 5 over 2 ranks) against one plain forward."""
+    by_step, _ = runs
+    assets = sft_assets()
+    dataset = SFTDataset(assets.data["sft_val"], load_tokenizer(assets.model))
+    batch = dataset.collate(list(range(len(dataset))))
+    model = AutoModelForCausalLM.from_pretrained(assets.model, dtype=torch.float32)
+    input_ids, mask = batch.batch["input_ids"], batch.batch["loss_mask"][:, 1:].float()
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=batch.batch["attention_mask"]).logits
+    log_probs = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    plain = (-(log_probs * mask).sum() / mask.sum()).item()
+    assert by_step["uninterrupted"][0]["val/loss"] == pytest.approx(plain, rel=1e-5)
 
 
 def test_checkpoint_folders_and_metrics_log_after_resume(runs):
@@ -80,5 +103,5 @@ def test_checkpoint_folders_and_metrics_log_after_resume(runs):
         assert (run_dir / f"global_step_{step}" / "driver_state.pt").is_file()
         assert (run_dir / f"global_step_{step}" / "engine" / "engine_meta.json").is_file()
     logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert logged == list(range(1, TOTAL + 1)), "every step logged exactly once across the stop and the resume"
+    assert logged == list(range(0, TOTAL + 1)), "every step logged exactly once across the stop and the resume"
     assert (run_dir / "hf" / "config.json").is_file()
