@@ -27,6 +27,7 @@ UNTRAINED_CEILING = 0.05
 MAX_NEW_TOKENS = 16  # "ab+cd=xyz\n#### xyz" plus end-of-turn fits
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_main_sft_trains_on_ray_and_the_warm_start_beats_the_untrained_model(tmp_path, capsys):
     assets = sft_assets()
