@@ -113,7 +113,7 @@ def run(config: DictConfig) -> None:
 
 
 def main() -> None:
-    run_hydra_entry("sft_trainer", run)
+    run_hydra_entry("sft_trainer", run, {"data": "sft_data"})  # `data=synthetic` picks configs/sft_data/synthetic.yaml
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ def test_main_sft_trains_on_ray_and_the_warm_start_beats_the_untrained_model(tmp
             "engine=fsdp2",
             "model=tiny",
             f"model.path={assets.model}",
+            "data=synthetic",
             f"data.train_files=[{assets.full_data['sft_train']}]",
             f"data.val_files=[{assets.full_data['sft_val']}]",
             f"trainer.total_training_steps={STEPS}",
