@@ -14,7 +14,13 @@ from rlflow.workers.dispatch import (
     get_dispatch_mode,
     register_dispatch_mode,
 )
-from rlflow.workers.errors import ResourceUnavailableError, WorkerDiedError, WorkerError, WorkerTimeoutError
+from rlflow.workers.errors import (
+    ResourceUnavailableError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerTimeoutError,
+    WorkerUserError,
+)
 from rlflow.workers.mesh import MeshInfo, MeshTable
 from rlflow.workers.metrics import REDUCTIONS, reduce_metrics
 from rlflow.workers.ray_cluster import init_ray, shutdown_ray
@@ -42,6 +48,7 @@ __all__ = [
     "WorkerError",
     "WorkerSpec",
     "WorkerTimeoutError",
+    "WorkerUserError",
     "dispatch_mode_names",
     "get_dispatch_mode",
     "init_ray",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rlflow.errors import UserError
+
 
 class WorkerError(RuntimeError):
     """A worker method raised: carries the rank, the role/method and the remote traceback.
@@ -39,6 +41,24 @@ class WorkerError(RuntimeError):
             type(self),
             (self.rank, self.method, self.error_type, self.message, self.remote_traceback, self.pid, self.node_id),
         )
+
+
+class WorkerUserError(WorkerError, UserError):
+    """A worker method rejected the user's input (it raised a ``UserError``, e.g. a malformed file).
+
+    Entry points report it like a controller-side ``UserError``: one line saying what to fix,
+    with the worker's traceback kept in ``remote_traceback`` for debugging.
+    """
+
+    def __str__(self) -> str:
+        return f"{self.message} (raised by {self.method} on worker rank {self.rank})"
+
+
+def worker_error_from(exc: BaseException, rank: int, method: str, remote_traceback: str,
+                      pid: int | None = None, node_id: str | None = None) -> WorkerError:
+    """The ``WorkerError`` that reports ``exc``: a ``WorkerUserError`` when it is the user's input at fault."""
+    error_class = WorkerUserError if isinstance(exc, UserError) else WorkerError
+    return error_class(rank, method, type(exc).__name__, str(exc), remote_traceback, pid, node_id)
 
 
 class WorkerDiedError(RuntimeError):

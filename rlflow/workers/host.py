@@ -15,7 +15,7 @@ from typing import Any, Callable
 import ray
 import torch.distributed as dist
 
-from rlflow.workers.errors import WorkerError
+from rlflow.workers.errors import worker_error_from
 from rlflow.workers.mesh import MeshInfo
 from rlflow.workers.worker import (
     ENV_DEVICE,
@@ -101,12 +101,4 @@ class WorkerHost:
         try:
             return fn()
         except Exception as exc:
-            raise WorkerError(
-                rank=self.rank,
-                method=method,
-                error_type=type(exc).__name__,
-                message=str(exc),
-                remote_traceback=traceback.format_exc(),
-                pid=os.getpid(),
-                node_id=self.node_id,
-            ) from None
+            raise worker_error_from(exc, self.rank, method, traceback.format_exc(), os.getpid(), self.node_id) from None

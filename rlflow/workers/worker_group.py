@@ -19,7 +19,7 @@ from rlflow.protocol import DataProtoFuture
 from rlflow.utils.logging import get_logger
 from rlflow.workers.decorator import MethodSpec, registered_methods
 from rlflow.workers.dispatch import ONE_TO_ALL, RANK_ZERO, DispatchContext, get_dispatch_mode
-from rlflow.workers.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from rlflow.workers.errors import WorkerDiedError, WorkerError, WorkerTimeoutError, worker_error_from
 from rlflow.workers.host import WorkerHost, WorkerInfo
 from rlflow.workers.mesh import MeshTable
 from rlflow.workers.resource_pool import ResourcePool
@@ -69,7 +69,7 @@ def _fetch(ref: ray.ObjectRef, rank: int, method: str) -> Any:
     except ray.exceptions.RayTaskError as err:
         if isinstance(err.cause, WorkerError):
             raise err.cause from None
-        raise WorkerError(rank, method, type(err.cause).__name__, str(err.cause), str(err)) from None
+        raise worker_error_from(err.cause, rank, method, str(err)) from None
     except _DEATH_ERRORS as err:
         raise WorkerDiedError(rank, method, str(err)) from None
 

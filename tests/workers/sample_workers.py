@@ -8,6 +8,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from rlflow.errors import DataError
 from rlflow.protocol import DataProto
 from rlflow.workers import ALL_TO_ALL, DP_COMPUTE, ONE_TO_ALL, RANK_ZERO, Worker, register, register_dispatch_mode
 
@@ -88,9 +89,10 @@ class ProbeWorker(Worker):
     def received_ids(self) -> list[list[int]]:
         return self.received
 
-    def fail_on(self, rank: int, message: str) -> int:
+    def fail_on(self, rank: int, message: str, user_error: bool = False) -> int:
+        """The given rank raises: a ``DataError`` (the user's input at fault) or a ``ValueError`` (a bug)."""
         if self.rank == rank:
-            raise ValueError(message)
+            raise (DataError if user_error else ValueError)(message)
         return self.rank
 
     def die_on(self, rank: int, others_sleep_s: float = 0.0) -> int:

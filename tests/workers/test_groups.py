@@ -8,6 +8,7 @@ import pytest
 import torch
 from sample_workers import ProbeWorker
 
+from rlflow.errors import UserError
 from rlflow.protocol import DataProto, DataProtoFuture
 from rlflow.workers import (
     ONE_TO_ALL,
@@ -17,6 +18,7 @@ from rlflow.workers import (
     WorkerError,
     WorkerSpec,
     WorkerTimeoutError,
+    WorkerUserError,
     register,
 )
 
@@ -132,8 +134,18 @@ def test_worker_exception_reaches_controller_with_rank_method_and_traceback(grou
     err = info.value
     assert err.rank == 2 and err.method == "main.fail_on" and err.error_type == "ValueError"
     assert "bad input on purpose" in str(err)
-    assert "sample_workers.py" in err.remote_traceback and "raise ValueError(message)" in err.remote_traceback
+    assert "sample_workers.py" in err.remote_traceback and "ValueError: bad input on purpose" in err.remote_traceback
+    assert not isinstance(err, UserError), "a bug in a worker is not the user's input at fault"
     assert group4.whoami() == 0  # the group is still usable after a method raised
+
+
+def test_user_error_in_a_worker_stays_a_one_line_user_error(group4):
+    with pytest.raises(UserError) as info:
+        group4.execute_all("fail_on", 1, "data.parquet row 3: field 'prompt' is missing", user_error=True)
+    err = info.value
+    assert isinstance(err, WorkerUserError) and err.rank == 1 and err.error_type == "DataError"
+    assert str(err) == "data.parquet row 3: field 'prompt' is missing (raised by main.fail_on on worker rank 1)"
+    assert "raise (DataError if user_error else ValueError)(message)" in err.remote_traceback
 
 
 def test_call_timeout_raises_instead_of_waiting(group2):
