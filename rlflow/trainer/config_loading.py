@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from omegaconf import DictConfig
 
 from rlflow.config import ConfigError, validate_config
@@ -11,6 +13,9 @@ from rlflow.engines.registry import get_engine_cls
 # Where the `engine` group is mounted in each entry point's config.
 PPO_ENGINE_MOUNTS = ("actor.engine", "critic.engine", "ref.engine", "reward.reward_model.engine")
 SFT_ENGINE_MOUNTS = ("engine",)
+# Command-line shorthands each entry point expands (``entry.expand_group_shorthands``): mount key -> group.
+PPO_GROUP_SHORTHANDS = {mount: "engine" for mount in PPO_ENGINE_MOUNTS}  # actor.engine=fsdp
+SFT_GROUP_SHORTHANDS = {"data": "sft_data"}  # data=synthetic picks configs/sft_data/synthetic.yaml
 
 
 def _engine_schema_resolver(path: str):
@@ -36,3 +41,22 @@ def load_ppo_config(cfg: DictConfig) -> DictConfig:
 def load_sft_config(cfg: DictConfig) -> DictConfig:
     """Validate a composed ``sft_trainer`` config; raises ``ConfigError`` naming the bad key."""
     return _load(cfg, SFTConfig, SFT_ENGINE_MOUNTS)
+
+
+def compose_ppo_config(overrides: Sequence[str]) -> DictConfig:
+    """The validated config ``main_ppo`` builds from these command-line overrides, composed in-process."""
+    return load_ppo_config(_compose("ppo_trainer", overrides, PPO_GROUP_SHORTHANDS))
+
+
+def compose_sft_config(overrides: Sequence[str]) -> DictConfig:
+    """The validated config ``main_sft`` builds from these command-line overrides, composed in-process."""
+    return load_sft_config(_compose("sft_trainer", overrides, SFT_GROUP_SHORTHANDS))
+
+
+def _compose(config_name: str, overrides: Sequence[str], shorthands: dict[str, str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+
+    from rlflow.trainer.entry import CONFIG_DIR, expand_group_shorthands
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name, expand_group_shorthands(list(overrides), shorthands))

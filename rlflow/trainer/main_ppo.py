@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from rlflow.trainer.config_loading import PPO_ENGINE_MOUNTS, load_ppo_config
+from rlflow.trainer.config_loading import PPO_GROUP_SHORTHANDS, load_ppo_config
 from rlflow.trainer.entry import run_hydra_entry
 
 
@@ -21,7 +21,7 @@ def run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_hydra_entry("ppo_trainer", run, {mount: "engine" for mount in PPO_ENGINE_MOUNTS})
+    run_hydra_entry("ppo_trainer", run, PPO_GROUP_SHORTHANDS)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from rlflow.config import ConfigError
 from rlflow.models.ensure import ensure_model
 from rlflow.roles.sft_worker import SFTWorker
-from rlflow.trainer.config_loading import load_sft_config
+from rlflow.trainer.config_loading import SFT_GROUP_SHORTHANDS, load_sft_config
 from rlflow.trainer.entry import run_hydra_entry
 from rlflow.trainer.local_group import LocalWorkerGroup
 from rlflow.trainer.sft_trainer import SFTRun, SFTTrainer, prepare_sft_run
@@ -113,7 +113,7 @@ def run(config: DictConfig) -> None:
 
 
 def main() -> None:
-    run_hydra_entry("sft_trainer", run, {"data": "sft_data"})  # `data=synthetic` picks configs/sft_data/synthetic.yaml
+    run_hydra_entry("sft_trainer", run, SFT_GROUP_SHORTHANDS)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rlflow.config import ConfigError
-from rlflow.trainer.config_loading import load_ppo_config, load_sft_config
+from rlflow.trainer.config_loading import PPO_GROUP_SHORTHANDS, load_ppo_config, load_sft_config
 from rlflow.trainer.entry import CONFIG_DIR, expand_group_shorthands
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,8 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def compose_config(name: str, overrides: list[str]):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name=name, overrides=expand_group_shorthands(overrides, {
-            "actor.engine": "engine", "critic.engine": "engine", "ref.engine": "engine"}))
+        return compose(config_name=name, overrides=expand_group_shorthands(overrides, PPO_GROUP_SHORTHANDS))
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo", "rloo", "reinforce_pp", "remax"])

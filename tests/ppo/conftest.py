@@ -13,6 +13,7 @@ import pytest
 
 from rlflow.data.tasks import build_task, write_task_files
 from rlflow.models.presets import build_preset
+from rlflow.trainer.config_loading import compose_ppo_config
 
 REPO = Path(__file__).resolve().parents[2]
 DIGIT_REWARD = Path(__file__).resolve().parent / "digit_reward.py"
@@ -61,11 +62,4 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def compose_ppo(overrides: list[str]):
     """The validated config ``main_ppo`` would build from ``overrides`` (in-process, no subprocess)."""
-    from hydra import compose, initialize_config_dir
-
-    from rlflow.trainer.config_loading import PPO_ENGINE_MOUNTS, load_ppo_config
-    from rlflow.trainer.entry import CONFIG_DIR, expand_group_shorthands
-
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose("ppo_trainer", expand_group_shorthands(overrides, {m: "engine" for m in PPO_ENGINE_MOUNTS}))
-    return load_ppo_config(cfg)
+    return compose_ppo_config(overrides)

@@ -26,13 +26,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from rlflow.data.tasks import build_task, write_task_files
 from rlflow.models.presets import build_preset
-from rlflow.trainer.config_loading import load_sft_config
-from rlflow.trainer.entry import CONFIG_DIR
+from rlflow.trainer.config_loading import compose_sft_config
 
 REPO = Path(__file__).resolve().parents[2]
 TASK_OPTIONS = {"digits": 2}
@@ -65,8 +63,7 @@ def sft_assets() -> SFTAssets:
 
 def sft_config(overrides: list[str]) -> DictConfig:
     """The ``sft_trainer`` config composed with ``overrides`` and validated, as ``main_sft`` builds it."""
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return load_sft_config(compose(config_name="sft_trainer", overrides=overrides))
+    return compose_sft_config(overrides)
 
 
 def run_main_sft(args: list[str], timeout: float) -> subprocess.CompletedProcess:
