@@ -33,14 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 from transformers import AutoConfig
 
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 from rlflow.roles.actor import Actor
-from rlflow.trainer.config_loading import PPO_ENGINE_MOUNTS, load_ppo_config
-from rlflow.trainer.entry import CONFIG_DIR, expand_group_shorthands
+from rlflow.trainer.config_loading import compose_ppo_config
 from rlflow.utils.device import limit_cpu_threads
 from rlflow.workers import ALL_TO_ALL, RayWorkerGroup, ResourcePool, WorkerSpec, init_ray, register, shutdown_ray
 
@@ -68,9 +66,7 @@ def ppo_config(model_path: Path, mini_batch_rows: int, micro_batch_size: int, wo
         "trainer.device=cpu",
         f"trainer.n_procs_per_node={workers}",
     ]
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose("ppo_trainer", expand_group_shorthands(overrides, {m: "engine" for m in PPO_ENGINE_MOUNTS}))
-    return load_ppo_config(cfg)
+    return compose_ppo_config(overrides)
 
 
 def make_rollout_batch(rows: int, prompt_len: int, response_len: int, vocab: int) -> DataProto:

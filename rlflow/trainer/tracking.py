@@ -115,7 +115,7 @@ KEY_METRICS: list[tuple[Optional[str], str]] = [
     ("loss", "train/loss"),
     ("pg_loss", "actor/pg_loss"),
     ("vf_loss", "critic/vf_loss"),
-    ("kl", "actor/ppo_kl"),
+    ("ppo_kl", "actor/ppo_kl"),
     ("kl_loss", "actor/kl_loss"),
     ("kl_reward", "critic/kl"),
     ("entropy", "actor/entropy"),

@@ -69,7 +69,7 @@ def test_console_prints_progress_bar_and_compact_metrics_line(tmp_path, capsys):
     lines = out.strip().splitlines()
     assert len(lines) == 2
     assert lines[1] == (
-        "step 2/5 | reward 0.5 | val-core/synthetic/addition/acc/mean@1 0.75 | pg_loss -0.5 | kl 0.001 | "
+        "step 2/5 | reward 0.5 | val-core/synthetic/addition/acc/mean@1 0.75 | pg_loss -0.5 | ppo_kl 0.001 | "
         "entropy 3.5 | resp_len 12 | tok/s 950 | time gen 1.20s update_actor 3.40s"
     )
     assert "exp" in err and "2/5" in err and "<" in err  # tqdm bar: count, then elapsed<remaining (the ETA)
