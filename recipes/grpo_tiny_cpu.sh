@@ -7,7 +7,7 @@
 # Inputs (environment): MODEL  warm-start HF folder         (default outputs/demo/sft/hf, from recipes/sft_tiny_cpu.sh)
 #                       DATA   task folder with train/val.parquet (default outputs/demo/data)
 #                       OUT    run folder: checkpoints, metrics.jsonl, wandb/, hf/ (default outputs/<algorithm>_tiny)
-#                       STEPS  GRPO steps                   (default 40)
+#                       STEPS  GRPO steps                   (default 30)
 #                       SEED   seed of data order, sampling and the engine (default 0)
 #                       ALGORITHM  configs/algorithm option (default grpo); rloo_tiny_cpu.sh,
 #                              reinforce_pp_tiny_cpu.sh and ppo_tiny_cpu.sh run this recipe with theirs
@@ -17,7 +17,7 @@ MODEL=${MODEL:-outputs/demo/sft/hf}
 DATA=${DATA:-outputs/demo/data}
 ALGORITHM=${ALGORITHM:-grpo}
 OUT=${OUT:-outputs/${ALGORITHM}_tiny}
-STEPS=${STEPS:-40}
+STEPS=${STEPS:-30}
 SEED=${SEED:-0}
 export WANDB_MODE=${WANDB_MODE:-offline}       # wandb writes local files; `wandb sync` uploads them later
 

@@ -36,10 +36,9 @@ METRICS_FILE = "metrics.jsonl"
 REWARD_KEY = "critic/score/mean"
 VAL_KEY = "val/score/mean"
 RESPONSE_LENGTH_KEY = "response_length/mean"
-# The KL shown on the curves, the first a run has: to the reference policy as a loss term, as a
-# reward penalty, else the per-update KL between the rollout policy and the updated policy.
-KL_CURVES = {"actor/kl_loss": "KL to reference (loss term)", "critic/kl": "KL to reference (reward penalty)",
-             "actor/ppo_kl": "KL rollout -> updated policy"}
+# The KL shown on the curves, the first a run has: to the reference policy (runs with a KL loss or
+# a KL reward penalty), else the per-update KL between the rollout policy and the updated policy.
+KL_CURVES = {"actor/ref_kl": "KL(policy || reference)", "actor/ppo_kl": "KL(rollout policy || updated policy)"}
 
 
 class TokenRate(NamedTuple):

@@ -30,7 +30,7 @@ def rl_records(steps: int = 4) -> list[dict]:
     records = [{"step": 0, "val/score/mean": 0.25}]
     for step in range(1, steps + 1):
         records.append({"step": step, "critic/score/mean": 0.1 * step, "response_length/mean": 20.0 + step,
-                        "actor/kl_loss": 0.01 * step, "actor/ppo_kl": 0.0, "rollout/generated_tokens": 1000.0 * step,
+                        "actor/ref_kl": 0.01 * step, "actor/ppo_kl": 0.0, "rollout/generated_tokens": 1000.0 * step,
                         "timing_s/gen": 2.0, "perf/total_num_tokens": 3000.0, "timing_s/update_actor": 1.5})
     records.append({"step": steps, "val/score/mean": 0.5})
     return records
