@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GRPO on the tiny preset and a synthetic arithmetic task, from an SFT warm start (CPU: ~4 min).
+# GRPO on the tiny preset and a synthetic arithmetic task, from an SFT warm start (CPU, 30 steps: 5-7 min).
 # vLLM rollout, FSDP2 actor and FSDP2 reference fused in one Ray worker process (colocated placement).
 #
 #   recipes/grpo_tiny_cpu.sh [extra Hydra overrides...]

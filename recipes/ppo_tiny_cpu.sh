@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PPO with GAE and a critic on the tiny preset from an SFT warm start (CPU: ~5 min):
+# PPO with GAE and a critic on the tiny preset from an SFT warm start (CPU, 30 steps: about 10 min):
 # recipes/grpo_tiny_cpu.sh with algorithm=ppo plus the critic's settings below. The critic is a
 # value head on the same warm-start model (its own FSDP2 engine in the same Ray worker group),
 # trained with the clipped value loss on GAE returns (lam 0.95). Same inputs (MODEL, DATA, OUT,
