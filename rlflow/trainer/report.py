@@ -211,7 +211,12 @@ def evaluate_models(models: dict[str, Path], data: Sequence[str | Path], max_new
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", "<br>")
+    """``text`` as one markdown table cell: line breaks as <br>, pipes escaped, control characters shown as U+FFFD.
+
+    An untrained model emits arbitrary bytes; a control character such as \\x1e would end the table row.
+    """
+    lines = ("".join(char if char.isprintable() else "\ufffd" for char in line) for line in text.splitlines())
+    return "<br>".join(lines).replace("|", "\\|")
 
 
 def samples_markdown(results: dict[str, dict[str, Any]]) -> str:

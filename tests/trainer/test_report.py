@@ -69,11 +69,11 @@ def test_report_writes_curves_and_a_summary_of_every_phase(tmp_path):
 
 def test_samples_table_has_one_column_per_model():
     example = {"prompt": "What is 1+2?", "ground_truth": "3"}
-    results = {"before": {"examples": [{**example, "response": "#### 4", "score": 0.0}]},
+    results = {"before": {"examples": [{**example, "response": "#|\x1e#\x08 4", "score": 0.0}]},
                "after": {"examples": [{**example, "response": "1+2=3\n#### 3", "score": 1.0}]}}
     table = samples_markdown(results)
     assert "| prompt | truth | before | after |" in table
-    assert "| What is 1+2? | 3 | ✗ `#### 4` | ✓ `1+2=3<br>#### 3` |" in table
+    assert "| What is 1+2? | 3 | ✗ `#\\|<br>#\ufffd 4` | ✓ `1+2=3<br>#### 3` |" in table.splitlines()
 
 
 def test_bad_inputs_are_one_line_user_errors(tmp_path):
