@@ -70,7 +70,7 @@ phase grpo env MODEL="$OUT/sft/hf" DATA="$OUT/data" OUT="$OUT/grpo" STEPS="$STEP
 #    after GRPO; curves.png, samples.md and summary.md in $OUT. It always runs.
 cat "$OUT"/.done-{preset,data,sft,grpo} > "$OUT/phase_times.tsv"
 printf '\n==== [report]\n'
-python -m rlflow.trainer.report --out "$OUT" \
+python -m rlflow.observability.report --out "$OUT" \
   --run sft="$OUT/sft" --run grpo="$OUT/grpo" \
   --model before_sft="$OUT/model" --model after_sft="$OUT/sft/hf" --model after_grpo="$OUT/grpo/hf" \
   --data "$OUT/data/val.parquet" --max-new-tokens 32 --phase-times "$OUT/phase_times.tsv"

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-__all__ = ["DataProto", "DataProtoError", "DataProtoFuture", "pad_dataproto_to_divisor", "unpad_dataproto"]
+__all__ = ["DataProto", "DataProtoError", "DataProtoFuture"]
 
 
 class DataProtoError(ValueError):
@@ -360,16 +360,6 @@ def _meta_equal(a: Any, b: Any) -> bool:
         return bool(np.all(result)) if isinstance(result, np.ndarray) else bool(result)
     except (ValueError, RuntimeError):
         return a is b
-
-
-def pad_dataproto_to_divisor(data: DataProto, divisor: int) -> tuple[DataProto, int]:
-    """Function form of ``DataProto.pad_to_divisor`` (verl-compatible name)."""
-    return data.pad_to_divisor(divisor)
-
-
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
-    """Function form of ``DataProto.unpad`` (verl-compatible name)."""
-    return data.unpad(pad_size)
 
 
 class DataProtoFuture:

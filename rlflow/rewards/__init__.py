@@ -3,7 +3,7 @@
 Built in: GSM8K ``#### answer`` (``openai/gsm8k``, ``gsm8k``), boxed MATH answers (``math``,
 ``lighteval/MATH``, ...), and every synthetic task (``synthetic/<task>``). See docs/rewards.md.
 
-``RewardManager``, ``compute_rewards`` and ``reward_metrics`` (which need torch) are imported
+``RewardManager``, ``score_batch`` and ``reward_metrics`` (which need torch) are imported
 on first use: reward worker processes import only this package and the scoring functions, so
 they start without loading torch.
 """
@@ -16,7 +16,7 @@ from rlflow.rewards.custom import load_custom_function
 from rlflow.rewards.registry import REWARD_REGISTRY, UnknownDataSourceError, get_reward_fn, register_reward
 from rlflow.rewards.scoring import RewardInput, ScoreResult, score_one
 
-_FROM_MANAGER = ("RewardManager", "compute_rewards", "reward_metrics")
+_FROM_MANAGER = ("RewardManager", "reward_metrics", "score_batch")
 
 __all__ = [
     "REWARD_REGISTRY",

@@ -147,7 +147,7 @@ def _check_picklable(functions: Optional[dict[str, RewardFn]]) -> None:
             ) from None
 
 
-def compute_rewards(data: DataProto, tokenizer: Any, reward_config: Any) -> tuple[torch.Tensor, dict[str, float]]:
+def score_batch(data: DataProto, tokenizer: Any, reward_config: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """One-shot form of ``RewardManager``: ``(token_level_scores, metrics)``. A driver scoring many
     batches should keep a ``RewardManager`` so its worker pool is started only once."""
     with RewardManager(tokenizer, reward_config) as manager:

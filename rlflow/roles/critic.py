@@ -11,7 +11,7 @@ from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch, response_length, state_values_slice
 from rlflow.roles.engine_role import EngineRole
 from rlflow.roles.losses import make_value_loss_fn
-from rlflow.trainer.tracking import reduce_metrics
+from rlflow.utils.metric_values import mean_per_key
 from rlflow.workers import DP_COMPUTE, register
 
 CRITIC_MESH = "critic"
@@ -53,4 +53,4 @@ class Critic(EngineRole):
                     {**{k: v for k, v in metrics.items() if k.startswith("critic/")},
                      "critic/grad_norm": step["grad_norm"], "critic/lr": step["lr"]}
                 )
-        return reduce_metrics(step_metrics)
+        return mean_per_key(step_metrics)

@@ -17,7 +17,7 @@ import torch
 from rlflow.engines.base import LossContext, LossFn
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import response_length, response_slice, state_values_slice
-from rlflow.trainer.core_algos import agg_loss, compute_value_loss, get_policy_loss_fn, kl_penalty, masked_mean
+from rlflow.algos import agg_loss, compute_value_loss, get_policy_loss_fn, kl_penalty, masked_mean
 
 
 def global_batch_info(ctx: LossContext) -> dict[str, int]:

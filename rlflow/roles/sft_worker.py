@@ -1,7 +1,7 @@
 """``SFTWorker``: one engine rank for supervised fine-tuning, driven by ``rlflow.trainer.sft_trainer``.
 
 The same class runs inside a Ray worker group (``RayWorkerGroup(pool, WorkerSpec(SFTWorker, ...))``)
-and in-process under ``torchrun`` (``rlflow.trainer.local_group.LocalWorkerGroup``); either way
+and in-process under ``torchrun`` (``rlflow.workers.local_group.LocalWorkerGroup``); either way
 the controller calls the ``@register``-ed methods below and the batch methods split the global
 batch over the engine's data-parallel ranks (``DP_COMPUTE`` on the ``sft`` mesh).
 
@@ -20,7 +20,7 @@ import torch
 from rlflow.engines import LossContext
 from rlflow.protocol import DataProto
 from rlflow.roles.engine_role import EngineRole
-from rlflow.trainer.core_algos import agg_loss
+from rlflow.algos import agg_loss
 from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
 
 SFT_MESH = "sft"

@@ -1,1 +1,4 @@
-"""The RL trainer: the driver loop, its entry points and the batch math it runs (``core_algos``)."""
+"""The drivers: the PPO/GRPO loop, the SFT loop, their Hydra entry points, placement and driver checkpoints.
+
+The batch math they run lives in ``rlflow.algos``; metrics and reports in ``rlflow.observability``.
+"""

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from rlflow.protocol import DataProto
-from rlflow.trainer.core_algos import masked_mean
+from rlflow.algos import masked_mean
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:

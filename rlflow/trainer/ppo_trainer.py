@@ -24,10 +24,11 @@ from rlflow.rewards.manager import RewardManager
 from rlflow.rollout import rollout_mismatch_metrics
 from rlflow.trainer.batch_balance import balance_batch
 from rlflow.trainer.checkpoint import CheckpointManager
-from rlflow.trainer.core_algos import apply_kl_penalty, compute_advantage, get_adv_estimator_fn, get_kl_controller
+from rlflow.algos import apply_kl_penalty, compute_advantage, get_adv_estimator_fn, get_kl_controller
 from rlflow.trainer.placement import PlacedRoles, place_roles
 from rlflow.trainer.ppo_metrics import data_metrics, throughput_metrics, validation_metrics
-from rlflow.trainer.tracking import Tracking, reduce_metrics
+from rlflow.observability.tracking import Tracking
+from rlflow.utils.metric_values import mean_per_key
 from rlflow.utils.logging import get_logger
 from rlflow.utils.seed import get_rng_state, set_rng_state, set_seed
 from rlflow.utils.timer import timed
@@ -237,7 +238,7 @@ class PPOTrainer:
         step_metrics = []
         for mini in update.make_iterator(mini_batch, actor_cfg.ppo_epochs, actor_cfg.shuffle, seed=self.config.trainer.seed + step):
             step_metrics.append({**self.roles.actor.forward_backward(mini), **self.roles.actor.optim_step()[0]})
-        return reduce_metrics(step_metrics)
+        return mean_per_key(step_metrics)
 
     def _update_critic(self, batch: DataProto, step: int) -> dict[str, float]:
         update = batch.select(batch_keys=ACTOR_UPDATE_KEYS[:5] + ("values", "returns"), non_tensor_batch_keys=[])

@@ -31,7 +31,7 @@ from rlflow.models.loading import load_tokenizer
 from rlflow.protocol import DataProto
 from rlflow.roles.sft_worker import SFT_MESH
 from rlflow.trainer.checkpoint import PARTIAL_SUFFIX, CheckpointManager
-from rlflow.trainer.tracking import Tracking
+from rlflow.observability.tracking import Tracking
 from rlflow.utils.logging import get_logger
 from rlflow.workers import MeshTable
 

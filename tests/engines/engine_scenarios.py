@@ -28,7 +28,7 @@ from engine_testlib import (
 from rlflow.engines import build_engine
 from rlflow.errors import CheckpointError
 from rlflow.protocol import DataProto
-from rlflow.trainer.core_algos import agg_loss, loss_agg_modes
+from rlflow.algos import agg_loss, loss_agg_modes
 
 ENGINES = ("fsdp", "fsdp2")
 HORIZON = 24.0

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from engine_scenarios import ENGINES, killed_save, one_rank_suites, parity_configs, two_rank_suites
 from engine_testlib import REFERENCE_LRS, build_test_model, spawn
 from rlflow.models.value_head import ValueHeadModel
-from rlflow.trainer.core_algos import loss_agg_modes
+from rlflow.algos import loss_agg_modes
 
 TOKEN_TOL = 1e-5
 # The module fixtures each run one multi-configuration launch (about a minute of CPU); on a

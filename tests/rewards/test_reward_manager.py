@@ -13,7 +13,7 @@ from rlflow.config import ConfigError
 from rlflow.config.schema import RewardConfig
 from rlflow.errors import UserError
 from rlflow.protocol import DataProto
-from rlflow.rewards import RewardManager, UnknownDataSourceError, compute_rewards, load_custom_function, register_reward
+from rlflow.rewards import RewardManager, UnknownDataSourceError, score_batch, load_custom_function, register_reward
 
 RESPONSE_LEN = 32
 
@@ -45,7 +45,7 @@ def make_batch(tokenizer, rows) -> DataProto:
 
 def test_scores_sit_on_the_last_response_token(tokenizer):
     batch = make_batch(tokenizer, MIXED)
-    scores, metrics = compute_rewards(batch, tokenizer, RewardConfig())
+    scores, metrics = score_batch(batch, tokenizer, RewardConfig())
     assert scores.shape == (len(MIXED), RESPONSE_LEN) and scores.dtype == torch.float32
     lengths = batch.batch["response_mask"].sum(dim=1)
     for row, (_, _, _, expected) in enumerate(MIXED):
@@ -94,7 +94,7 @@ FAILING = [  # (data_source, response, ground truth); rows 1-4 fail in different
 
 def test_custom_function_from_a_file_replaces_the_registry(tokenizer, custom_spec):
     rows = [FAILING[0], FAILING[5]]
-    scores, metrics = compute_rewards(make_batch(tokenizer, rows), tokenizer, RewardConfig(custom_function=custom_spec))
+    scores, metrics = score_batch(make_batch(tokenizer, rows), tokenizer, RewardConfig(custom_function=custom_spec))
     assert scores.sum(dim=1).tolist() == pytest.approx([0.3 + 0, 1.0 + 1])
     assert metrics["reward/extra/acc/mean"] == 0.5
 
@@ -102,7 +102,7 @@ def test_custom_function_from_a_file_replaces_the_registry(tokenizer, custom_spe
 def test_custom_function_from_a_module_path(tokenizer):
     rows = [("not/registered", "#### 4", "4", 1.0), ("not/registered", "#### 5", "4", 0.0)]
     config = RewardConfig(custom_function="rlflow.rewards.gsm8k:gsm8k_score")
-    scores, _ = compute_rewards(make_batch(tokenizer, rows), tokenizer, config)
+    scores, _ = score_batch(make_batch(tokenizer, rows), tokenizer, config)
     assert scores.sum(dim=1).tolist() == [1.0, 0.0]
 
 
@@ -125,7 +125,7 @@ def test_parallel_scoring_equals_serial(tokenizer, custom_spec):
     registry_batch = make_batch(tokenizer, MIXED * 3)
     custom_batch = make_batch(tokenizer, FAILING * 2)
     for config, batch in [(RewardConfig(), registry_batch), (RewardConfig(custom_function=custom_spec, error_score=-2.0), custom_batch)]:
-        serial_scores, serial_metrics = compute_rewards(batch, tokenizer, config)
+        serial_scores, serial_metrics = score_batch(batch, tokenizer, config)
         config.num_workers = 2
         with RewardManager(tokenizer, config) as manager:
             parallel_scores, parallel_metrics = manager(batch)
@@ -138,15 +138,15 @@ def test_parallel_scoring_equals_serial(tokenizer, custom_spec):
 def test_unknown_data_source_in_a_batch_is_an_error(tokenizer):
     batch = make_batch(tokenizer, [("openai/gsm8k", "#### 1", "1", 1.0), ("my/new_source", "#### 1", "1", 1.0)])
     with pytest.raises(UnknownDataSourceError, match="'my/new_source'"):
-        compute_rewards(batch, tokenizer, RewardConfig())
+        score_batch(batch, tokenizer, RewardConfig())
 
 
 def test_unpicklable_function_with_workers_is_a_clear_error(tokenizer, clean_registry):
     register_reward("local/lambda")(lambda *args: 1.0)
     batch = make_batch(tokenizer, [("local/lambda", "a", "a", 1.0)] * 2)
-    assert compute_rewards(batch, tokenizer, RewardConfig()).__getitem__(0).sum().item() == 2.0
+    assert score_batch(batch, tokenizer, RewardConfig()).__getitem__(0).sum().item() == 2.0
     with pytest.raises(UserError, match="reward.num_workers=0"):
-        compute_rewards(batch, tokenizer, RewardConfig(num_workers=2))
+        score_batch(batch, tokenizer, RewardConfig(num_workers=2))
 
 
 @pytest.mark.parametrize(

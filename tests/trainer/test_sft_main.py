@@ -19,7 +19,7 @@ import pytest
 from sft_testlib import run_main_sft, sft_assets
 
 from rlflow.trainer import evaluate
-from rlflow.trainer.evaluate import evaluate_greedy_accuracy
+from rlflow.observability.evaluate import evaluate_greedy_accuracy
 
 STEPS = 650
 ACCURACY_FLOOR = 0.2

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlflow.trainer.core_algos import (
+from rlflow.algos import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,

@@ -18,9 +18,9 @@ from typing import Callable
 
 import torch
 
-from rlflow.trainer.core_algos.kl_control import KLController
-from rlflow.trainer.core_algos.masked_ops import as_float_mask, masked_mean
-from rlflow.trainer.core_algos.registry import Registry
+from rlflow.algos.kl_control import KLController
+from rlflow.algos.masked_ops import as_float_mask, masked_mean
+from rlflow.utils.registry import Registry
 
 KLEstimatorFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 KL_ESTIMATOR_REGISTRY: Registry[KLEstimatorFn] = Registry(

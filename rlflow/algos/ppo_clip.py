@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlflow.trainer.core_algos.aggregation import agg_loss
-from rlflow.trainer.core_algos.masked_ops import masked_mean
+from rlflow.algos.aggregation import agg_loss
+from rlflow.algos.masked_ops import masked_mean
 
 LOG_RATIO_CLAMP = 20.0
 

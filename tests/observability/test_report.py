@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlflow.errors import UserError
-from rlflow.trainer.report import (
+from rlflow.observability.report import (
     RL_RATES,
     build_report,
     named_paths,

@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlflow.trainer.core_algos import (
+from rlflow.algos import (
     ADV_ESTIMATOR_REGISTRY,
     AdvantageEstimator,
     compute_advantage,

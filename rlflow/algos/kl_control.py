@@ -10,7 +10,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from rlflow.trainer.core_algos.registry import Registry
+from rlflow.utils.registry import Registry
 
 
 class KLController(Protocol):

@@ -6,8 +6,8 @@ from typing import Any, Mapping
 
 import torch
 
-from rlflow.trainer.core_algos.aggregation import agg_loss, check_global_batch_info
-from rlflow.trainer.core_algos.masked_ops import masked_mean
+from rlflow.algos.aggregation import agg_loss, check_global_batch_info
+from rlflow.algos.masked_ops import masked_mean
 
 
 def compute_value_loss(

@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from rlflow.trainer.core_algos.aggregation import agg_loss
-from rlflow.trainer.core_algos.config_view import (
+from rlflow.algos.aggregation import agg_loss
+from rlflow.algos.config_view import (
     DEFAULT_CLIP_RATIO_C,
     DEFAULT_TAU_NEG,
     DEFAULT_TAU_POS,
@@ -22,9 +22,9 @@ from rlflow.trainer.core_algos.config_view import (
     config_value,
     policy_loss_value,
 )
-from rlflow.trainer.core_algos.masked_ops import as_float_mask, masked_mean, masked_sum
-from rlflow.trainer.core_algos.ppo_clip import LOG_RATIO_CLAMP, ppo_clip_token_losses
-from rlflow.trainer.core_algos.registry import Registry
+from rlflow.algos.masked_ops import as_float_mask, masked_mean, masked_sum
+from rlflow.algos.ppo_clip import LOG_RATIO_CLAMP, ppo_clip_token_losses
+from rlflow.utils.registry import Registry
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss", "actor.policy_loss.loss_mode")

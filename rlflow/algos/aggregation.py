@@ -15,8 +15,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from rlflow.trainer.core_algos.masked_ops import as_float_mask, masked_sum
-from rlflow.trainer.core_algos.registry import Registry
+from rlflow.algos.masked_ops import as_float_mask, masked_sum
+from rlflow.utils.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from rlflow.config import ConfigError
-from rlflow.trainer.tracking import JSONL_NAME, Tracking, reduce_metrics
+from rlflow.observability.tracking import JSONL_NAME, Tracking
+from rlflow.utils.metric_values import mean_per_key
 
 
 def step_metrics(step: int) -> dict:
@@ -111,6 +112,6 @@ def test_unknown_backend_is_a_config_error(tmp_path):
 
 
 def test_reduce_metrics_means_each_key_over_the_dicts_that_have_it():
-    reduced = reduce_metrics([{"a": 1.0, "b": torch.tensor(2.0)}, {"a": 3.0}, {"a": np.float64(5.0), "c": 1}])
+    reduced = mean_per_key([{"a": 1.0, "b": torch.tensor(2.0)}, {"a": 3.0}, {"a": np.float64(5.0), "c": 1}])
     assert reduced == {"a": 3.0, "b": 2.0, "c": 1.0}
-    assert reduce_metrics([]) == {}
+    assert mean_per_key([]) == {}

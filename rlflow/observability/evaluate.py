@@ -7,7 +7,7 @@ It is the "accuracy before/after" measure for SFT and RL on the synthetic tasks.
 
 Command line::
 
-    python -m rlflow.trainer.evaluate --model outputs/checkpoints/rlflow/sft_tiny/hf \\
+    python -m rlflow.observability.evaluate --model outputs/checkpoints/rlflow/sft_tiny/hf \\
         --data outputs/data/addition/val.parquet [--max-new-tokens 32] [--batch-size 64] [--limit N]
 """
 
@@ -103,7 +103,7 @@ def evaluate_greedy_accuracy(
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Command-line entry: print the greedy accuracy of ``--model`` on ``--data``."""
-    parser = argparse.ArgumentParser(prog="python -m rlflow.trainer.evaluate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rlflow.observability.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="HF model folder (e.g. an SFT export)")
     parser.add_argument("--data", required=True, nargs="+", help="RL-format parquet/jsonl files with prompts and ground truth")
     parser.add_argument("--max-new-tokens", type=int, default=32)

@@ -1,10 +1,10 @@
 """End-of-run report: learning curves, a before/after accuracy summary and sample answers.
 
 It reads what the trainers already write (``metrics.jsonl`` of each run, exported HF folders)
-and evaluates model folders greedily with ``rlflow.trainer.evaluate.evaluate_greedy_accuracy``.
+and evaluates model folders greedily with ``rlflow.observability.evaluate.evaluate_greedy_accuracy``.
 Nothing in it is specific to one recipe; ``recipes/demo.sh`` calls it as its last phase::
 
-    python -m rlflow.trainer.report --out outputs/demo \\
+    python -m rlflow.observability.report --out outputs/demo \\
         --run sft=outputs/demo/sft --run grpo=outputs/demo/grpo \\
         --model base=outputs/demo/model --model sft=outputs/demo/sft/hf --model grpo=outputs/demo/grpo/hf \\
         --data outputs/demo/data/val.parquet --phase-times outputs/demo/phase_times.tsv
@@ -200,7 +200,7 @@ def plot_curves(records: Sequence[dict[str, Any]], out: str | Path, title: str =
 def evaluate_models(models: dict[str, Path], data: Sequence[str | Path], max_new_tokens: int,
                     limit: Optional[int]) -> dict[str, dict[str, Any]]:
     """Greedy accuracy (and the first examples) of every model folder on ``data``."""
-    from rlflow.trainer.evaluate import evaluate_greedy_accuracy
+    from rlflow.observability.evaluate import evaluate_greedy_accuracy
 
     results = {}
     for name, path in models.items():
@@ -294,7 +294,7 @@ def build_report(out: str | Path, runs: dict[str, Path], models: dict[str, Path]
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Command-line entry: build the report and print the summary table."""
-    parser = argparse.ArgumentParser(prog="python -m rlflow.trainer.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rlflow.observability.report", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for curves.png, samples.md, summary.md, summary.json")
     parser.add_argument("--run", action="append", default=[], metavar="NAME=DIR",
                         help="a run folder holding metrics.jsonl (trainer.default_local_dir); repeatable")

@@ -17,9 +17,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from rlflow.trainer.core_algos.grouping import group_rows
-from rlflow.trainer.core_algos.masked_ops import as_float_mask, masked_whiten
-from rlflow.trainer.core_algos.registry import Registry, as_name
+from rlflow.algos.grouping import group_rows
+from rlflow.algos.masked_ops import as_float_mask, masked_whiten
+from rlflow.utils.registry import Registry, as_name
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADV_ESTIMATOR_REGISTRY: Registry[AdvantageFn] = Registry("advantage estimator", "algorithm.adv_estimator")

@@ -14,7 +14,7 @@ Pure torch on any device, no worker or Ray dependency. Names and signatures foll
 See docs/algorithms.md for the formulas.
 """
 
-from rlflow.trainer.core_algos.advantages import (
+from rlflow.algos.advantages import (
     ADV_ESTIMATOR_REGISTRY,
     AdvantageEstimator,
     compute_advantage,
@@ -29,15 +29,15 @@ from rlflow.trainer.core_algos.advantages import (
     get_adv_estimator_fn,
     register_adv_est,
 )
-from rlflow.trainer.core_algos.aggregation import (
+from rlflow.algos.aggregation import (
     GLOBAL_BATCH_INFO_KEYS,
     LOSS_AGG_REGISTRY,
     agg_loss,
     loss_agg_modes,
     register_loss_agg_mode,
 )
-from rlflow.trainer.core_algos.entropy import compute_entropy_loss, entropy_from_logits
-from rlflow.trainer.core_algos.kl import (
+from rlflow.algos.entropy import compute_entropy_loss, entropy_from_logits
+from rlflow.algos.kl import (
     KL_ESTIMATOR_REGISTRY,
     apply_kl_penalty,
     compute_rewards,
@@ -45,15 +45,15 @@ from rlflow.trainer.core_algos.kl import (
     kl_penalty,
     register_kl_estimator,
 )
-from rlflow.trainer.core_algos.kl_control import (
+from rlflow.algos.kl_control import (
     KL_CONTROLLER_REGISTRY,
     AdaptiveKLController,
     FixedKLController,
     KLController,
     get_kl_controller,
 )
-from rlflow.trainer.core_algos.masked_ops import masked_mean, masked_sum, masked_var, masked_whiten
-from rlflow.trainer.core_algos.policy_losses import (
+from rlflow.algos.masked_ops import masked_mean, masked_sum, masked_var, masked_whiten
+from rlflow.algos.policy_losses import (
     POLICY_LOSS_REGISTRY,
     compute_policy_loss_cispo,
     compute_policy_loss_clip_cov,
@@ -66,9 +66,9 @@ from rlflow.trainer.core_algos.policy_losses import (
     get_policy_loss_fn,
     register_policy_loss,
 )
-from rlflow.trainer.core_algos.ppo_clip import compute_policy_loss, ppo_clip_token_losses
-from rlflow.trainer.core_algos.registry import Registry
-from rlflow.trainer.core_algos.value import compute_value_loss
+from rlflow.algos.ppo_clip import compute_policy_loss, ppo_clip_token_losses
+from rlflow.utils.registry import Registry
+from rlflow.algos.value import compute_value_loss
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY",

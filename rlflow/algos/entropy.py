@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 import torch
 
-from rlflow.trainer.core_algos.aggregation import agg_loss, check_global_batch_info
+from rlflow.algos.aggregation import agg_loss, check_global_batch_info
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

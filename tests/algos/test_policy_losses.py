@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from rlflow.trainer.core_algos import (
+from rlflow.algos import (
     POLICY_LOSS_REGISTRY,
     agg_loss,
     compute_policy_loss,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlflow.trainer.core_algos.aggregation import check_global_batch_info
+from rlflow.algos.aggregation import check_global_batch_info
 
 DEFAULT_CLIP_RATIO_C = 3.0
 DEFAULT_TAU_POS = 1.0

@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlflow.trainer.core_algos import agg_loss, compute_entropy_loss, compute_value_loss
+from rlflow.algos import agg_loss, compute_entropy_loss, compute_value_loss
 
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
