@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch
-from rlflow.roles.engine_role import EngineRole, response_log_probs
+from rlflow.roles.engine_role import EngineRole, renamed_or_empty, response_log_probs
 from rlflow.roles.losses import make_policy_loss_fn
 from rlflow.rollout import publish_weights
 from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
@@ -32,7 +33,7 @@ class Actor(EngineRole):
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` ``[B, R]`` of the responses under the current policy."""
         out = response_log_probs(self.engine, data, data.meta_info.get("temperature", 1.0), with_entropy=True)
-        return out.rename(["log_probs", "entropy"], ["old_log_probs", "entropys"])
+        return renamed_or_empty(out, ["log_probs", "entropy"], ["old_log_probs", "entropys"])
 
     @register(dispatch_mode=DP_COMPUTE, mesh=ACTOR_MESH)
     def forward_backward(self, data: DataProto) -> dict[str, float]:
@@ -53,10 +54,13 @@ class Actor(EngineRole):
         return {f"actor/{key}": float(value) for key, value in self.engine.optim_step(lr).items()}
 
     @register(dispatch_mode=ONE_TO_ALL)
-    def publish_weights(self, bucket_mb: float) -> list:
-        """Export the weights (collective); rank 0 puts them in the Ray object store, bucket by bucket.
+    def publish_weights(self, bucket_mb: float, dtype: str) -> list:
+        """Export the weights in the rollout's ``dtype`` (collective); rank 0 puts them in the Ray object
+        store, bucket by bucket.
 
-        Returns rank 0's list of bucket refs (other ranks return an empty list); a split rollout
-        pool loads them with ``RolloutWorker.update_weights``.
+        Every rank's export yields the complete model (the engine contract), so global rank 0
+        publishes whatever its pipeline stage. Returns rank 0's list of bucket refs (other ranks
+        return an empty list); a split rollout pool loads them with ``RolloutWorker.update_weights``.
         """
-        return publish_weights(self.engine.export_hf_weights(), bucket_mb, publish=self.rank == 0)
+        tensors = self.engine.export_hf_weights(dtype=resolve_dtype(dtype))
+        return publish_weights(tensors, bucket_mb, publish=self.rank == 0)

@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.roles.actor import Actor
-from rlflow.roles.engine_role import build_initialized_engine, response_log_probs
+from rlflow.roles.engine_role import build_initialized_engine, renamed_or_empty, response_log_probs
 from rlflow.roles.reference import REF_MESH
 from rlflow.roles.rollout_worker import ROLLOUT_MESH, RolloutMethods
 from rlflow.rollout import build_rollout
@@ -41,11 +42,12 @@ class ActorRolloutRef(RolloutMethods, Actor):
         if self.ref_engine is None:
             raise RuntimeError("this worker group was built without a reference model (ref_config=None)")
         out = response_log_probs(self.ref_engine, data, data.meta_info.get("temperature", 1.0), with_entropy=False)
-        return out.rename(["log_probs"], ["ref_log_prob"])
+        return renamed_or_empty(out, ["log_probs"], ["ref_log_prob"])
 
     @register(dispatch_mode=ONE_TO_ALL)
     def sync_weights(self) -> dict[str, float]:
-        """Copy the actor's current weights into this rank's rollout engine (collective export)."""
+        """Copy the actor's current weights, in the rollout's dtype, into this rank's rollout engine
+        (collective export: every rank's export yields the complete model)."""
         start = time.perf_counter()
-        loaded = self.rollout.update_weights(self.engine.export_hf_weights())
+        loaded = self.rollout.update_weights(self.engine.export_hf_weights(dtype=resolve_dtype(self.config.dtype)))
         return {"timing_s/weight_sync": time.perf_counter() - start, "weight_sync/mb": loaded / MiB}

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch, response_length, state_values_slice
-from rlflow.roles.engine_role import EngineRole
+from rlflow.roles.engine_role import EngineRole, forward_only
 from rlflow.roles.losses import make_value_loss_fn
 from rlflow.utils.metric_values import mean_per_key
 from rlflow.workers import DP_COMPUTE, register
@@ -30,8 +29,9 @@ class Critic(EngineRole):
     @register(dispatch_mode=DP_COMPUTE, mesh=CRITIC_MESH)
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` ``[B, R]``: the value of the state each response token is generated from."""
-        with self.engine.eval_mode(), torch.no_grad():
-            outputs, _ = self.engine.forward_backward(engine_batch(data), forward_only=True)
+        outputs = forward_only(self.engine, engine_batch(data))
+        if outputs is None:
+            return DataProto()
         values = state_values_slice(outputs.batch["values"], response_length(data))
         return DataProto.from_dict({"values": values * data.batch["response_mask"]})
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -21,14 +21,33 @@ def build_initialized_engine(engine_config: Any, model_path: str | Path, model_k
     return engine
 
 
-def response_log_probs(engine: BaseEngine, data: DataProto, temperature: float, with_entropy: bool) -> DataProto:
-    """Forward-only log-probs (and entropy) of the response tokens: ``log_probs``/``entropy`` ``[B, R]``."""
-    view = engine_batch(data)
-    view.meta_info = {"temperature": temperature, "compute_entropy": with_entropy}
+def forward_only(engine: BaseEngine, view: DataProto) -> Optional[DataProto]:
+    """The engine's per-token outputs for ``view`` without gradients (dropout off).
+
+    ``None`` on a rank that is not a collect rank of its engine (``mesh.is_collect``): such a
+    rank (a non-last pipeline stage, a tensor-parallel rank other than 0) has no outputs, and
+    mesh dispatch reads results only from collect ranks, so the role returns an empty batch there.
+    """
     with engine.eval_mode(), torch.no_grad():
         outputs, _ = engine.forward_backward(view, forward_only=True)
+    return outputs if engine.mesh.is_collect else None
+
+
+def response_log_probs(engine: BaseEngine, data: DataProto, temperature: float, with_entropy: bool) -> Optional[DataProto]:
+    """Forward-only log-probs (and entropy) of the response tokens: ``log_probs``/``entropy`` ``[B, R]``
+    (``None`` on ranks that are not collect ranks)."""
+    view = engine_batch(data)
+    view.meta_info = {"temperature": temperature, "compute_entropy": with_entropy}
+    outputs = forward_only(engine, view)
+    if outputs is None:
+        return None
     length = response_length(data)
     return DataProto.from_dict({key: response_slice(value, length) for key, value in outputs.batch.items()})
+
+
+def renamed_or_empty(outputs: Optional[DataProto], old_keys: list[str], new_keys: list[str]) -> DataProto:
+    """``outputs`` with its keys renamed, or an empty batch on a rank that collects nothing."""
+    return DataProto() if outputs is None else outputs.rename(old_keys, new_keys)
 
 
 class EngineRole(Worker):

@@ -33,13 +33,14 @@ def make_policy_loss_fn(actor_config: Any) -> LossFn:
     """PPO-family policy loss (``actor.policy_loss.loss_mode``) + entropy bonus + optional KL loss."""
     policy_loss = get_policy_loss_fn(actor_config.policy_loss.loss_mode)
     agg_mode = actor_config.loss_agg_mode
+    plain_config = SimpleNamespace(**_plain(actor_config))  # once: attribute reads on a DictConfig are slow
 
     def loss_fn(outputs: dict[str, torch.Tensor], micro: DataProto, ctx: LossContext) -> tuple[torch.Tensor, dict]:
         length = response_length(micro)
         mask = micro.batch["response_mask"]
         log_prob = response_slice(outputs["log_probs"], length)
         info = global_batch_info(ctx)
-        loss_config = SimpleNamespace(**_plain(actor_config), global_batch_info=info)
+        loss_config = WithGlobalBatchInfo(plain_config, info)
         pg_loss, metrics = policy_loss(
             micro.batch["old_log_probs"], log_prob, micro.batch["advantages"], mask, agg_mode, loss_config
         )
@@ -83,6 +84,20 @@ def make_value_loss_fn(critic_config: Any) -> LossFn:
         return vf_loss, metrics
 
     return loss_fn
+
+
+class WithGlobalBatchInfo:
+    """The actor config as a policy loss reads it, plus this micro-batch's ``global_batch_info``.
+
+    Attribute reads fall through to the config, which is converted once per role, not per micro-batch.
+    """
+
+    def __init__(self, config: Any, global_batch_info: dict[str, int]) -> None:
+        self._config = config
+        self.global_batch_info = global_batch_info
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
 
 
 def _plain(config: Any) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rlflow.protocol import DataProto
-from rlflow.roles.engine_role import EngineRole, response_log_probs
+from rlflow.roles.engine_role import EngineRole, renamed_or_empty, response_log_probs
 from rlflow.workers import DP_COMPUTE, register
 
 REF_MESH = "ref"
@@ -21,4 +21,4 @@ class Reference(EngineRole):
     @register(dispatch_mode=DP_COMPUTE, mesh=REF_MESH)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         out = response_log_probs(self.engine, data, data.meta_info.get("temperature", 1.0), with_entropy=False)
-        return out.rename(["log_probs"], ["ref_log_prob"])
+        return renamed_or_empty(out, ["log_probs"], ["ref_log_prob"])

@@ -9,7 +9,7 @@ import torch
 
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch, response_length, response_slice
-from rlflow.roles.engine_role import EngineRole
+from rlflow.roles.engine_role import EngineRole, forward_only
 from rlflow.workers import DP_COMPUTE, register
 
 REWARD_MESH = "reward"
@@ -34,7 +34,8 @@ class RewardModel(EngineRole):
 
     @register(dispatch_mode=DP_COMPUTE, mesh=REWARD_MESH)
     def compute_rm_score(self, data: DataProto) -> DataProto:
-        with self.engine.eval_mode(), torch.no_grad():
-            outputs, _ = self.engine.forward_backward(engine_batch(data), forward_only=True)
+        outputs = forward_only(self.engine, engine_batch(data))
+        if outputs is None:
+            return DataProto()
         per_token = response_slice(outputs.batch["values"], response_length(data))
         return DataProto.from_dict({"rm_scores": last_token_scores(per_token, data.batch["response_mask"])})

@@ -36,11 +36,11 @@ class PlacedRoles:
     colocated: bool
     groups: list[RayWorkerGroup] = field(default_factory=list)
 
-    def sync_weights(self, bucket_mb: float) -> dict[str, float]:
-        """Push the actor's weights into every rollout replica."""
+    def sync_weights(self, rollout_config: Any) -> dict[str, float]:
+        """Push the actor's weights into every rollout replica, in the rollout's dtype (``rollout.dtype``)."""
         if self.colocated:
             return self.actor.sync_weights()[0]
-        refs = self.actor.publish_weights(bucket_mb)[0]
+        refs = self.actor.publish_weights(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
         return self.rollout.update_weights(refs)[0]
 
     def shutdown(self) -> None:

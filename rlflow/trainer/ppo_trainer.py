@@ -167,7 +167,7 @@ class PPOTrainer:
                 with timed("update_actor", timings):
                     metrics.update(self._update_actor(batch, step))
                 with timed("weight_sync", timings):
-                    metrics.update(roles.sync_weights(cfg.rollout.weight_sync_bucket_mb))
+                    metrics.update(roles.sync_weights(cfg.rollout))
         metrics.update(data_metrics(batch, use_critic=self.use_critic))
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timings.items()})
         metrics.update(throughput_metrics(batch, timings, self.world_size))
@@ -286,7 +286,7 @@ class PPOTrainer:
         self.roles.actor.load_checkpoint(str(folder / "actor"))
         if self.use_critic:
             self.roles.critic.load_checkpoint(str(folder / "critic"))
-        self.roles.sync_weights(self.config.rollout.weight_sync_bucket_mb)
+        self.roles.sync_weights(self.config.rollout)
         self.train_loader.load_state_dict(state["dataloader"])
         self.kl_ctrl.value = state["kl_coef"]
         set_rng_state(state["rng"])

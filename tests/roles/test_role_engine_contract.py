@@ -1,0 +1,137 @@
+"""How the roles use the engine contract: outputs only on collect ranks, export in the rollout's dtype,
+and a policy loss that converts the actor config once, not per micro-batch.
+
+The engines here are stand-ins: these are unit tests of the roles around an engine, and each
+stand-in records what the role asked of it. The real engines' side of the contract is tested in
+tests/engines.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlflow.algos import get_policy_loss_fn
+from rlflow.engines import EngineMesh, LossContext
+from rlflow.protocol import DataProto
+from rlflow.roles.actor import Actor
+from rlflow.roles.actor_rollout_ref import ActorRolloutRef
+from rlflow.roles.critic import Critic
+from rlflow.roles.engine_role import response_log_probs
+from rlflow.roles.losses import make_policy_loss_fn
+from rlflow.roles.reward_model import RewardModel
+
+PROMPT, RESPONSE, ROWS = 3, 4, 2
+
+
+def rl_batch() -> DataProto:
+    width = PROMPT + RESPONSE
+    return DataProto.from_dict(
+        {
+            "input_ids": torch.arange(ROWS * width).reshape(ROWS, width),
+            "attention_mask": torch.ones(ROWS, width, dtype=torch.long),
+            "responses": torch.zeros(ROWS, RESPONSE, dtype=torch.long),
+            "response_mask": torch.ones(ROWS, RESPONSE),
+        }
+    )
+
+
+class StandInEngine:
+    """Returns fixed per-token outputs and records export requests."""
+
+    def __init__(self, is_collect: bool):
+        self.mesh = EngineMesh(dp_rank=0, dp_size=1, is_collect=is_collect)
+        self.export_dtypes: list = []
+
+    def eval_mode(self):
+        return nullcontext()
+
+    def forward_backward(self, batch: DataProto, loss_fn=None, forward_only: bool = False):
+        if not self.mesh.is_collect:
+            return DataProto(), {}
+        shape = batch.batch["input_ids"].shape
+        return DataProto.from_dict({"log_probs": -torch.ones(shape), "entropy": torch.ones(shape), "values": torch.ones(shape)}), {}
+
+    def export_hf_weights(self, dtype=None):
+        self.export_dtypes.append(dtype)
+        yield "w", torch.ones(2, dtype=dtype or torch.float32)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda role, data: Actor.compute_log_prob(role, data),
+        lambda role, data: Critic.compute_values(role, data),
+        lambda role, data: RewardModel.compute_rm_score(role, data),
+        lambda role, data: ActorRolloutRef.compute_ref_log_prob(role, data),
+    ],
+    ids=["actor", "critic", "reward_model", "reference"],
+)
+def test_roles_return_an_empty_batch_on_ranks_that_do_not_collect(call):
+    data = rl_batch()
+    collecting = SimpleNamespace(engine=StandInEngine(True), ref_engine=StandInEngine(True))
+    silent = SimpleNamespace(engine=StandInEngine(False), ref_engine=StandInEngine(False))
+    assert len(call(collecting, data)) == ROWS
+    empty = call(silent, data)
+    assert isinstance(empty, DataProto) and len(empty) == 0 and not empty.batch
+
+
+def test_response_log_probs_are_the_response_columns():
+    out = response_log_probs(StandInEngine(True), rl_batch(), temperature=1.0, with_entropy=True)
+    assert out.batch["log_probs"].shape == (ROWS, RESPONSE)
+    assert response_log_probs(StandInEngine(False), rl_batch(), 1.0, True) is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_colocated_sync_exports_in_the_rollout_dtype(dtype):
+    received = []
+    role = SimpleNamespace(
+        engine=StandInEngine(True),
+        config=SimpleNamespace(dtype=dtype),
+        rollout=SimpleNamespace(update_weights=lambda tensors: received.extend(tensors) or 8),
+    )
+    ActorRolloutRef.sync_weights(role)
+    assert role.engine.export_dtypes == [getattr(torch, dtype)]
+    assert received[0][1].dtype == getattr(torch, dtype)
+
+
+class CountingConfig(dict):
+    """An actor config that counts how often the role reads all of its keys."""
+
+    reads = 0
+
+    def items(self):
+        CountingConfig.reads += 1
+        return super().items()
+
+    def __getattr__(self, name):
+        return self[name]
+
+
+def test_policy_loss_converts_the_config_once_and_matches_the_registered_loss():
+    config = CountingConfig(
+        policy_loss=SimpleNamespace(loss_mode="vanilla"), loss_agg_mode="token-mean", clip_ratio=0.2,
+        clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0, entropy_coeff=0.0, use_kl_loss=False,
+    )
+    loss_fn = make_policy_loss_fn(config)
+    torch.manual_seed(0)
+    data = rl_batch()
+    data.batch["old_log_probs"] = -torch.rand(ROWS, RESPONSE)
+    data.batch["advantages"] = torch.randn(ROWS, RESPONSE)
+    log_probs = -torch.rand(ROWS, PROMPT + RESPONSE)
+    ctx = LossContext(global_num_tokens=ROWS * RESPONSE, global_num_seqs=ROWS, dp_size=1, num_micro_batches=1, micro_batch_index=0)
+    losses = [loss_fn({"log_probs": log_probs}, data, ctx)[0] for _ in range(3)]
+    assert CountingConfig.reads == 1
+    reference_config = SimpleNamespace(
+        clip_ratio=0.2, clip_ratio_c=3.0,
+        global_batch_info={"dp_size": 1, "batch_num_tokens": ROWS * RESPONSE, "global_batch_size": ROWS},
+    )
+    expected, _ = get_policy_loss_fn("vanilla")(
+        data.batch["old_log_probs"], log_probs[:, PROMPT:], data.batch["advantages"], data.batch["response_mask"],
+        "token-mean", reference_config,
+    )
+    for loss in losses:
+        torch.testing.assert_close(loss, expected, rtol=0, atol=0)
