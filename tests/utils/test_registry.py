@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rlflow.engines import EngineConfigError, EngineRegistry
 from rlflow.errors import UserError
 from rlflow.utils.registry import PackageDiscovery, Registry, UnknownNameError
 
@@ -173,3 +174,12 @@ def test_temporary_keeps_what_discovery_imported(engine_package: str):
         registry.get("flat")
         registry.add("scratch", type("Scratch", (), {}))
     assert registry.get("flat").__name__ == "Flat" and "scratch" not in registry
+
+
+def test_engine_registry_lists_builtin_engines_but_not_infrastructure():
+    names = EngineRegistry.names()
+    assert {"fsdp", "fsdp2"} <= set(names)
+    assert not {"base", "config", "registry", "common"} & set(names)
+    assert EngineRegistry.get("fsdp2").__module__ == "rlflow.engines.fsdp2"
+    with pytest.raises(EngineConfigError, match=r"unknown engine 'nope' \(config key engine.name\); registered: .*fsdp2"):
+        EngineRegistry.get("nope")
