@@ -38,13 +38,15 @@ class AdvantageEstimator(str, Enum):
     GPG = "gpg"
 
 
-def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator registering an advantage estimator under ``name_or_enum``."""
-    return ADV_ESTIMATOR_REGISTRY.register(name_or_enum)
+def register_adv_est(
+    name_or_enum: str | AdvantageEstimator, override: bool = False
+) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator registering an advantage estimator under ``name_or_enum`` (``override``: replace a taken name)."""
+    return ADV_ESTIMATOR_REGISTRY.register(name_or_enum, override=override)
 
 
 def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvantageFn:
-    """The estimator registered under ``name_or_enum``; ``ValueError`` lists the valid names."""
+    """The estimator registered under ``name_or_enum``; an unknown name lists the registered ones."""
     return ADV_ESTIMATOR_REGISTRY.get(name_or_enum)
 
 

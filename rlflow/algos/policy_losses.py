@@ -33,13 +33,13 @@ GSPO_LOG_RATIO_MAX = 10.0
 SEQUENCE_LEVEL_AGG_MODE = "seq-mean-token-mean"
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering a policy loss under ``name``."""
-    return POLICY_LOSS_REGISTRY.register(name)
+def register_policy_loss(name: str, override: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator registering a policy loss under ``name`` (``override``: replace a taken name)."""
+    return POLICY_LOSS_REGISTRY.register(name, override=override)
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
-    """The policy loss registered under ``name``; ``ValueError`` lists the valid names."""
+    """The policy loss registered under ``name``; an unknown name lists the registered ones."""
     return POLICY_LOSS_REGISTRY.get(name)
 
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Optional
 from rlflow.config import ConfigError
 from rlflow.errors import UserError
 from rlflow.utils.metric_values import numeric_metrics, to_plain
+from rlflow.utils.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -61,19 +62,12 @@ class Tracker(ABC):
         """Flush and close; the default has nothing to close."""
 
 
-TRACKER_REGISTRY: dict[str, type[Tracker]] = {}
+TRACKER_REGISTRY: Registry[type[Tracker]] = Registry("tracker", "trainer.logger", error=ConfigError, base=Tracker)
 
 
 def register_tracker(name: str) -> Callable[[type[Tracker]], type[Tracker]]:
     """Class decorator adding a tracker to ``TRACKER_REGISTRY`` under ``name``."""
-
-    def decorate(cls: type[Tracker]) -> type[Tracker]:
-        if name in TRACKER_REGISTRY:
-            raise ValueError(f"tracker {name!r} is already registered by {TRACKER_REGISTRY[name].__name__}")
-        TRACKER_REGISTRY[name] = cls
-        return cls
-
-    return decorate
+    return TRACKER_REGISTRY.register(name)
 
 
 # ---------------------------------------------------------------------------------------- console
@@ -270,14 +264,9 @@ class Tracking:
         output_dir: str | Path = ".",
         total_steps: Optional[int] = None,
     ):
-        backends = list(backends)
-        unknown = [name for name in backends if name not in TRACKER_REGISTRY]
-        if unknown:
-            raise ConfigError(f"config key 'trainer.logger': unknown tracker(s) {unknown}; choose from {sorted(TRACKER_REGISTRY)}")
+        tracker_classes = {name: TRACKER_REGISTRY.get(name) for name in backends}  # all names checked before any starts
         run = RunInfo(project, experiment, plain_config(config), Path(output_dir), total_steps)
-        self.trackers: dict[str, Tracker] = {}
-        for name in dict.fromkeys(backends):
-            self.trackers[name] = TRACKER_REGISTRY[name](run)
+        self.trackers: dict[str, Tracker] = {name: cls(run) for name, cls in tracker_classes.items()}
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Record one step's metrics in every tracker."""

@@ -20,8 +20,9 @@ def synthetic_task_score(data_source: str, solution_str: str, ground_truth: Any,
 
 def register_synthetic_rewards() -> None:
     """Register ``synthetic_task_score`` for every registered synthetic task not yet in the reward registry."""
-    for name in TASK_REGISTRY:
-        if DATA_SOURCE_PREFIX + name not in REWARD_REGISTRY:
+    registered = set(REWARD_REGISTRY.names())
+    for name in TASK_REGISTRY.names():
+        if DATA_SOURCE_PREFIX + name not in registered:
             register_reward(DATA_SOURCE_PREFIX + name)(synthetic_task_score)
 
 

@@ -6,13 +6,14 @@ rollout is built. See docs/rollout.md.
 """
 
 from rlflow.rollout import hf_rollout, vllm_rollout  # noqa: F401  (register the backends)
-from rlflow.rollout.base import BaseRollout, build_rollout, register_rollout, rollout_names
+from rlflow.rollout.base import ROLLOUT_REGISTRY, BaseRollout, build_rollout, register_rollout, rollout_names
 from rlflow.rollout.metrics import rollout_mismatch_metrics
 from rlflow.rollout.processing import PromptTooLongError
 from rlflow.rollout.sampling import Sampling, resolve_sampling
 from rlflow.rollout.weight_sync import WeightSyncError, iter_buckets, publish_weights, stream_published_weights
 
 __all__ = [
+    "ROLLOUT_REGISTRY",
     "BaseRollout",
     "PromptTooLongError",
     "Sampling",

@@ -28,6 +28,7 @@ from rlflow.rollout.processing import (
 from rlflow.rollout.sampling import Sampling, check_logprobs_mode, resolve_sampling
 from rlflow.rollout.weight_sync import CheckedWeightStream, NamedTensors, WeightSyncError, checkpoint_weight_names
 from rlflow.utils.device import get_torch_device
+from rlflow.utils.registry import Registry
 
 SeedKey = Optional[tuple[int, ...]]
 
@@ -122,33 +123,24 @@ class BaseRollout(ABC):
         self.shutdown()
 
 
-_ROLLOUTS: dict[str, type[BaseRollout]] = {}
+ROLLOUT_REGISTRY: Registry[type[BaseRollout]] = Registry(
+    "rollout backend", "rollout.name", error=ConfigError, base=BaseRollout
+)
 R = TypeVar("R", bound=type[BaseRollout])
 
 
 def register_rollout(name: str) -> Callable[[R], R]:
     """Class decorator: make a ``BaseRollout`` subclass available as ``rollout.name: <name>``."""
-
-    def decorate(cls: R) -> R:
-        if name in _ROLLOUTS and _ROLLOUTS[name] is not cls:
-            raise ValueError(f"rollout backend {name!r} is already registered by {_ROLLOUTS[name].__qualname__}")
-        _ROLLOUTS[name] = cls
-        return cls
-
-    return decorate
+    return ROLLOUT_REGISTRY.register(name)
 
 
 def rollout_names() -> list[str]:
     """Names of the registered rollout backends."""
-    return sorted(_ROLLOUTS)
+    return ROLLOUT_REGISTRY.names()
 
 
 def build_rollout(
     config: Any, model_path: str | Path, device: str | torch.device = "auto", replica_rank: int = 0
 ) -> BaseRollout:
     """The backend named by ``config.name``, built for ``model_path`` on ``device``."""
-    if config.name not in _ROLLOUTS:
-        raise ConfigError(
-            f"config key 'rollout.name': unknown rollout backend {config.name!r}; choose one of {rollout_names()}"
-        )
-    return _ROLLOUTS[config.name](config, model_path, device, replica_rank)
+    return ROLLOUT_REGISTRY.get(config.name)(config, model_path, device, replica_rank)

@@ -1,16 +1,77 @@
-"""A small name -> function registry shared by every pluggable piece of ``core_algos``.
+"""One registry class for every pluggable piece of rlflow (docs/registries.md lists them all).
 
-Advantage estimators, policy losses, KL estimators, loss-aggregation modes and KL
-controllers each live in one ``Registry``. Adding a variant is one decorated function;
-callers look it up by the name that appears in the config, never through an if/else chain.
+A ``Registry`` maps the names that appear in a config to implementations. Adding a variant is
+one decorated function or class; callers look it up by name, never through an if/else chain,
+and an unknown name raises one message in one format for every registry::
+
+    unknown <kind> '<name>' (config key <key>); registered: a, b, c
+
+Options a registry opts into: aliases (one object under several names), per-entry metadata,
+glob patterns (``patterns=True``: exact name first, then the longest matching pattern),
+entries that must subclass a base class (``base=``), and lazy discovery (``discovery=``: names
+that are listed before they are imported, and imported on first lookup).
+
+What it does not cover:
+
+* unregistering one entry: only ``temporary()`` rolls a whole registry back, for tests;
+* versions of an entry, or entry-point (setuptools) discovery of installed packages;
+* other processes: a registry lives in one process, so a Ray worker holds what its own imports
+  registered, nothing the driver registered at run time;
+* thread safety: registration is meant to happen at import time; there is no lock.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import importlib
+import importlib.util
+import pkgutil
+from contextlib import contextmanager
 from enum import Enum
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, Optional, Protocol, TypeVar
 
-FnT = TypeVar("FnT", bound=Callable)
+from rlflow.errors import UserError
+
+T = TypeVar("T")
+GLOB_CHARS = "*?["
+
+
+class UnknownNameError(UserError, ValueError):
+    """A config value names nothing registered; the message lists what is."""
+
+
+class Discovery(Protocol):
+    """Names that can be registered on demand, and how to register one."""
+
+    def names(self) -> Iterable[str]:
+        """Every name this discovery can load, without importing anything."""
+
+    def load(self, name: str) -> None:
+        """Import whatever registers ``name``."""
+
+
+class PackageDiscovery:
+    """The modules (``<name>.py``) and subpackages (``<name>/__init__.py``) of one package.
+
+    ``names()`` lists them without importing them; ``load(name)`` imports ``<package>.<name>``.
+    Names starting with ``_`` and those in ``exclude`` (infrastructure) are left out.
+    """
+
+    def __init__(self, package: str, exclude: Iterable[str] = ()) -> None:
+        self.package = package
+        self.exclude = frozenset(exclude)
+
+    def names(self) -> list[str]:
+        spec = importlib.util.find_spec(self.package)
+        locations = list(spec.submodule_search_locations or []) if spec is not None else []
+        return sorted(
+            info.name
+            for info in pkgutil.iter_modules(locations)
+            if not info.name.startswith("_") and info.name not in self.exclude
+        )
+
+    def load(self, name: str) -> None:
+        importlib.import_module(f"{self.package}.{name}")
 
 
 def as_name(name_or_enum: str | Enum) -> str:
@@ -18,60 +79,138 @@ def as_name(name_or_enum: str | Enum) -> str:
     return name_or_enum.value if isinstance(name_or_enum, Enum) else str(name_or_enum)
 
 
-class Registry(Generic[FnT]):
-    """Maps config names to implementations; ``kind`` names the family in error messages."""
+class Registry(Generic[T]):
+    """Maps config names to implementations; ``kind`` and ``config_key`` name them in messages.
 
-    def __init__(self, kind: str, config_key: str) -> None:
+    ``error`` is the exception class an unknown name raises (a ``UserError``, so the CLI prints
+    one line); ``hint`` is appended to that message (say how to add an entry).
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        config_key: Optional[str] = None,
+        *,
+        error: type[Exception] = UnknownNameError,
+        hint: str = "",
+        base: Optional[type] = None,
+        patterns: bool = False,
+        discovery: Optional[Discovery] = None,
+    ) -> None:
         self.kind = kind
         self.config_key = config_key
-        self._entries: dict[str, FnT] = {}
+        self.error = error
+        self.hint = hint
+        self.base = base
+        self.patterns = patterns
+        self.discovery = discovery
+        self._entries: dict[str, T] = {}
+        self._metadata: dict[str, dict[str, Any]] = {}
 
-    def register(self, *names: str | Enum) -> Callable[[FnT], FnT]:
-        """Decorator registering a function under one or more names (aliases share one function).
+    # ------------------------------------------------------------------ registering
+    def register(self, *names: str | Enum, override: bool = False, **metadata: Any) -> Callable[[T], T]:
+        """Decorator registering an object under one or more names (aliases share it and its metadata).
 
-        Registering a different function under a taken name raises ``ValueError``;
-        re-registering the same function (a module reloaded) is allowed.
+        A name taken by another object raises ``ValueError`` unless ``override=True``;
+        registering the same object again (or one with the same qualified name: a module
+        imported twice) is allowed.
         """
         if not names:
             raise ValueError(f"register a {self.kind} under at least one name")
 
-        def decorator(fn: FnT) -> FnT:
-            for raw in names:
-                name = as_name(raw)
-                existing = self._entries.get(name)
-                if existing is not None and existing is not fn and _qualname(existing) != _qualname(fn):
-                    raise ValueError(
-                        f"{self.kind} {name!r} is already registered to {_qualname(existing)}; "
-                        f"pick another name for {_qualname(fn)}"
-                    )
-                self._entries[name] = fn
-            return fn
+        def decorator(obj: T) -> T:
+            for name in names:
+                self._check(as_name(name), obj, override)
+            for name in names:
+                self._entries[as_name(name)] = obj
+                self._metadata[as_name(name)] = dict(metadata)
+            return obj
 
         return decorator
 
-    def get(self, name_or_enum: str | Enum) -> FnT:
-        """The implementation registered under ``name``; a ``ValueError`` lists the valid names."""
-        name = as_name(name_or_enum)
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise ValueError(
-                f"unknown {self.kind} {name!r} (config key {self.config_key}); valid names: {', '.join(self.names())}"
-            ) from None
+    def add(self, name: str | Enum, obj: T, *, override: bool = False, **metadata: Any) -> T:
+        """``register(name, ...)(obj)`` for an object that is not defined with a decorator."""
+        return self.register(name, override=override, **metadata)(obj)
+
+    def _check(self, name: str, obj: T, override: bool) -> None:
+        if self.base is not None and not (isinstance(obj, type) and issubclass(obj, self.base)):
+            raise TypeError(f"{self.kind} {name!r} must be a subclass of {self.base.__name__}; got {obj!r}")
+        existing = self._entries.get(name)
+        if existing is None or override or existing is obj or _qualname(existing) == _qualname(obj):
+            return
+        raise ValueError(
+            f"{self.kind} {name!r} is already registered to {_qualname(existing)}; "
+            f"pick another name for {_qualname(obj)} or pass override=True to replace it"
+        )
+
+    # ------------------------------------------------------------------ looking up
+    def get(self, name: str | Enum) -> T:
+        """The object registered under ``name``; an unknown name raises ``self.error`` listing the names."""
+        return self._entries[self._resolve(as_name(name))]
+
+    def metadata(self, name: str | Enum) -> dict[str, Any]:
+        """The keyword arguments ``name`` was registered with (a copy)."""
+        return dict(self._metadata[self._resolve(as_name(name))])
 
     def names(self) -> list[str]:
-        """Registered names, sorted."""
-        return sorted(self._entries)
+        """Registered names and patterns, plus discoverable names not imported yet, sorted."""
+        discovered = self.discovery.names() if self.discovery is not None else ()
+        return sorted(set(self._entries) | set(discovered))
+
+    def unknown_message(self, name: str) -> str:
+        """The one message for a name that is not registered."""
+        where = f" (config key {self.config_key})" if self.config_key else ""
+        hint = f"; {self.hint}" if self.hint else ""
+        return f"unknown {self.kind} {name!r}{where}; registered: {', '.join(self.names()) or '(none)'}{hint}"
+
+    def _resolve(self, name: str) -> str:
+        """The entry key that serves ``name``: the exact name (imported on demand), else the longest pattern."""
+        if name not in self._entries and self.discovery is not None and name in self.discovery.names():
+            self.discovery.load(name)
+            if name not in self._entries:
+                raise self.error(f"importing {self.kind} {name!r} registered nothing under that name")
+        if name in self._entries:
+            return name
+        pattern = self._longest_pattern(name)
+        if pattern is None:
+            raise self.error(self.unknown_message(name))
+        return pattern
+
+    def _longest_pattern(self, name: str) -> Optional[str]:
+        if not self.patterns:
+            return None
+        matches = [key for key in self._entries if any(c in key for c in GLOB_CHARS) and fnmatch.fnmatchcase(name, key)]
+        return max(matches, key=len, default=None)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, (str, Enum)) and as_name(name) in self._entries
+        if not isinstance(name, (str, Enum)):
+            return False
+        key = as_name(name)
+        return key in self.names() or self._longest_pattern(key) is not None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.names())
+
+    # ------------------------------------------------------------------ tests
+    @contextmanager
+    def temporary(self) -> Iterator["Registry[T]"]:
+        """Entries registered inside the ``with`` block are dropped on exit (for tests).
+
+        Entries that discovery imported inside the block stay: their modules stay imported.
+        """
+        saved_entries, saved_metadata = dict(self._entries), dict(self._metadata)
+        try:
+            yield self
+        finally:
+            discovered = set(self.discovery.names()) if self.discovery is not None else set()
+            kept = (set(self._entries) - set(saved_entries)) & discovered
+            saved_entries.update({name: self._entries[name] for name in kept})
+            saved_metadata.update({name: self._metadata[name] for name in kept})
+            self._entries, self._metadata = saved_entries, saved_metadata
 
 
-def _qualname(fn: Callable) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"

@@ -6,6 +6,7 @@ See docs/single_controller.md for the design and a usage example.
 from rlflow.workers.decorator import MethodSpec, register
 from rlflow.workers.dispatch import (
     ALL_TO_ALL,
+    DISPATCH_MODE_REGISTRY,
     DP_COMPUTE,
     ONE_TO_ALL,
     RANK_ZERO,
@@ -30,6 +31,7 @@ from rlflow.workers.worker_group import RayWorkerGroup, RoleHandle, WorkerSpec
 
 __all__ = [
     "ALL_TO_ALL",
+    "DISPATCH_MODE_REGISTRY",
     "DP_COMPUTE",
     "ONE_TO_ALL",
     "RANK_ZERO",

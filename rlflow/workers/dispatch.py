@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from rlflow.protocol import DataProto, DataProtoError
+from rlflow.utils.registry import Registry
 from rlflow.workers.mesh import MeshTable
 from rlflow.workers.metrics import DEFAULT_REDUCTION, ReduceSpec, reduce_metrics
 
@@ -64,26 +65,24 @@ class DispatchMode:
     collect_fn: CollectFn
 
 
-_MODES: dict[str, DispatchMode] = {}
+DISPATCH_MODE_REGISTRY: Registry[DispatchMode] = Registry(
+    "dispatch mode", hint="add one with register_dispatch_mode(name, dispatch_fn, collect_fn)"
+)
 
 
 def register_dispatch_mode(name: str, dispatch_fn: DispatchFn, collect_fn: CollectFn, override: bool = False) -> None:
     """Add a dispatch mode usable as ``@register(dispatch_mode=name)``."""
-    if name in _MODES and not override:
-        raise ValueError(f"dispatch mode '{name}' is already registered; pass override=True to replace it")
-    _MODES[name] = DispatchMode(name, dispatch_fn, collect_fn)
+    DISPATCH_MODE_REGISTRY.add(name, DispatchMode(name, dispatch_fn, collect_fn), override=override)
 
 
 def get_dispatch_mode(name: str) -> DispatchMode:
     """The registered mode called ``name``; the error lists the known ones."""
-    if name not in _MODES:
-        raise ValueError(f"unknown dispatch mode '{name}'; registered modes: {sorted(_MODES)}")
-    return _MODES[name]
+    return DISPATCH_MODE_REGISTRY.get(name)
 
 
 def dispatch_mode_names() -> list[str]:
     """Names of every registered dispatch mode."""
-    return sorted(_MODES)
+    return DISPATCH_MODE_REGISTRY.names()
 
 
 # ---------------------------------------------------------------- built-in modes

@@ -360,12 +360,13 @@ def test_unknown_estimator_lists_valid_names():
 
 
 def test_register_new_estimator_and_dispatch_by_signature():
-    @register_adv_est("test_sign_of_outcome")
-    def sign_of_outcome(token_level_rewards, response_mask):
-        per_row = torch.sign(token_level_rewards.sum(-1))
-        return per_row.unsqueeze(-1) * response_mask, per_row.unsqueeze(-1) * response_mask
+    with ADV_ESTIMATOR_REGISTRY.temporary():
 
-    try:
+        @register_adv_est("test_sign_of_outcome")
+        def sign_of_outcome(token_level_rewards, response_mask):
+            per_row = torch.sign(token_level_rewards.sum(-1))
+            return per_row.unsqueeze(-1) * response_mask, per_row.unsqueeze(-1) * response_mask
+
         advantages, _ = compute_advantage(
             "test_sign_of_outcome",
             token_level_rewards=_t([[-2.0, 0.0], [0.0, 3.0]]),
@@ -376,8 +377,7 @@ def test_register_new_estimator_and_dispatch_by_signature():
         _close(advantages, [[-1.0, -1.0], [1.0, 1.0]])
         with pytest.raises(ValueError, match="already registered"):
             register_adv_est("test_sign_of_outcome")(lambda token_level_rewards, response_mask: None)
-    finally:
-        ADV_ESTIMATOR_REGISTRY._entries.pop("test_sign_of_outcome")
+    assert "test_sign_of_outcome" not in ADV_ESTIMATOR_REGISTRY
 
 
 def test_dispatch_matches_direct_calls_and_names_missing_inputs():

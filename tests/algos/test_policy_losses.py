@@ -380,13 +380,12 @@ def test_registry_lists_losses_and_accepts_new_ones():
         get_policy_loss_fn("ppo2")
     assert "vanilla" in str(error.value) and "kl_cov" in str(error.value)
 
-    @register_policy_loss("test_negative_log_prob")
-    def negative_log_prob(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config):
-        return agg_loss(-log_prob, response_mask, loss_agg_mode), {}
+    with POLICY_LOSS_REGISTRY.temporary():
 
-    try:
+        @register_policy_loss("test_negative_log_prob")
+        def negative_log_prob(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config):
+            return agg_loss(-log_prob, response_mask, loss_agg_mode), {}
+
         loss, _ = get_policy_loss_fn("test_negative_log_prob")(*_grad_inputs(), "token-sum", None)
         old, new, adv, mask = _grad_inputs()
         assert loss.item() == pytest.approx(-(new * mask).sum().item())
-    finally:
-        POLICY_LOSS_REGISTRY._entries.pop("test_negative_log_prob")

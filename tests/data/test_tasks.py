@@ -21,6 +21,7 @@ from rlflow.data.tasks import (
     score,
     write_task_files,
 )
+from rlflow.utils.registry import UnknownNameError
 
 _EXPRESSION = re.compile(r"What is ([0-9+\-]+)\? Answer with the number after ####\.")
 _STEP = re.compile(r"^(\d+)([+-])(\d+)=(\d+)$")
@@ -98,7 +99,7 @@ def test_bad_options_are_clear_errors():
         build_task("addition", num_ops=2)
     with pytest.raises(ValueError, match="positive integer"):
         build_task("chain_arith", digits=0)
-    with pytest.raises(KeyError, match="registered tasks"):
+    with pytest.raises(UnknownNameError, match="unknown synthetic task 'sorting'; registered: addition, chain_arith"):
         build_task("sorting")
 
 
@@ -166,7 +167,7 @@ def test_score_matches_only_the_right_number(answer, other, junk):
 
 
 def test_score_unknown_task_lists_registered():
-    with pytest.raises(KeyError, match="addition"):
+    with pytest.raises(UnknownNameError, match="addition"):
         score("synthetic/unknown", "#### 1", "1")
 
 

@@ -18,7 +18,7 @@ from rlflow.engines import BaseEngine, EngineConfigError, EngineRegistry, build_
 from rlflow.engines.common import checkpointing as ckpt
 from rlflow.engines.common.hf_export import write_hf_folder
 from rlflow.engines.common.logprob import chunked_log_probs
-from rlflow.engines.common.lr_schedulers import LR_SCHEDULES, LRSchedule, register_lr_schedule
+from rlflow.engines.common.lr_schedulers import LR_SCHEDULE_REGISTRY, LRSchedule, register_lr_schedule
 from rlflow.engines.common.micro_batching import balanced_partition, plan_micro_batches
 from rlflow.engines.common.models import get_model_kind
 from rlflow.engines.common.optimizers import build_adamw, clean_param_name, no_decay_names
@@ -154,11 +154,12 @@ def test_schedule_errors_and_registry() -> None:
         LRSchedule(LRSchedulerConfig(name="triangle"), 1.0)
     with pytest.raises(EngineConfigError, match="total_steps"):
         LRSchedule(LRSchedulerConfig(name="cosine", warmup_steps=5, total_steps=0), 1.0)
-    register_lr_schedule("half_test", needs_total_steps=False)(lambda progress, floor: 0.5)
-    try:
+    with LR_SCHEDULE_REGISTRY.temporary():
+        register_lr_schedule("half_test", needs_total_steps=False)(lambda progress, floor: 0.5)
         assert LRSchedule(LRSchedulerConfig(name="half_test"), 4.0).current_lr() == 2.0
-    finally:
-        del LR_SCHEDULES["half_test"]
+        register_lr_schedule("half_decay_test")(lambda progress, floor: 0.5)
+        with pytest.raises(EngineConfigError, match="total_steps"):  # needs_total_steps defaults to True
+            LRSchedule(LRSchedulerConfig(name="half_decay_test"), 4.0)
 
 
 # ---------------------------------------------------------------------------------- optimizer
@@ -179,7 +180,7 @@ def test_adamw_skips_decay_on_biases_and_norms(model_path: Path) -> None:
 
 # ------------------------------------------------------------------------- registry and config
 def test_unknown_engine_lists_registered() -> None:
-    with pytest.raises(EngineConfigError, match=r"unknown engine 'nope'; registered engines: .*fsdp, fsdp2"):
+    with pytest.raises(EngineConfigError, match=r"unknown engine 'nope' \(config key engine.name\); registered: fsdp, fsdp2"):
         get_engine_cls("nope")
     with pytest.raises(EngineConfigError, match="needs a 'name'"):
         build_engine({}, "unused")
@@ -208,18 +209,18 @@ def test_registering_a_new_engine() -> None:
         name: str = "toy_test_engine"
         toy_knob: int = 3
 
-    @EngineRegistry.register("toy_test_engine")
-    class ToyEngine(FSDP2Engine):
-        config_class = ToyConfig
+    with EngineRegistry.temporary():
 
-    try:
+        @EngineRegistry.register("toy_test_engine")
+        class ToyEngine(FSDP2Engine):
+            config_class = ToyConfig
+
         engine = build_engine({"name": "toy_test_engine", "toy_knob": 5}, "unused")
         assert isinstance(engine, ToyEngine) and engine.config.toy_knob == 5
         assert "toy_test_engine" in EngineRegistry.names()
         with pytest.raises(TypeError):
             EngineRegistry.register("not_an_engine")(dict)
-    finally:
-        EngineRegistry._engines.pop("toy_test_engine")
+    assert "toy_test_engine" not in EngineRegistry
     assert issubclass(ToyEngine, BaseEngine)
 
 

@@ -17,7 +17,5 @@ def tokenizer():
 @pytest.fixture
 def clean_registry():
     """Restore the reward registry after a test that registers functions."""
-    saved = dict(REWARD_REGISTRY)
-    yield REWARD_REGISTRY
-    REWARD_REGISTRY.clear()
-    REWARD_REGISTRY.update(saved)
+    with REWARD_REGISTRY.temporary():
+        yield REWARD_REGISTRY

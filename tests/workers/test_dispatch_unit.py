@@ -137,7 +137,7 @@ def test_custom_mode_registry():
     assert list(calls) == [3] and out == (3, 7)
     with pytest.raises(ValueError, match="already registered"):
         register_dispatch_mode("unit_last_rank", lambda *a: {}, lambda *a: None)
-    with pytest.raises(ValueError, match="unknown dispatch mode 'nope'; registered modes: .*dp_compute"):
+    with pytest.raises(ValueError, match="unknown dispatch mode 'nope'; registered: .*dp_compute"):
         get_dispatch_mode("nope")
 
 

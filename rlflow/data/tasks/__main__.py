@@ -16,7 +16,7 @@ from rlflow.data.tasks import TASK_REGISTRY, build_task, task_option_names, writ
 def _task_option_types() -> dict[str, type]:
     """Every option name across the registered tasks, with its type."""
     types: dict[str, type] = {}
-    for cls in TASK_REGISTRY.values():
+    for cls in map(TASK_REGISTRY.get, TASK_REGISTRY.names()):
         hints = typing.get_type_hints(cls)
         for name in task_option_names(cls):
             types.setdefault(name, hints[name])
@@ -26,7 +26,7 @@ def _task_option_types() -> dict[str, type]:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, with one flag per task option across all registered tasks."""
     parser = argparse.ArgumentParser(prog="python -m rlflow.data.tasks", description=__doc__.splitlines()[0])
-    parser.add_argument("--task", required=True, choices=sorted(TASK_REGISTRY), help="which synthetic task")
+    parser.add_argument("--task", required=True, choices=TASK_REGISTRY.names(), help="which synthetic task")
     parser.add_argument("--out", required=True, help="output folder for the parquet files")
     parser.add_argument("--train", type=int, required=True, help="number of train examples")
     parser.add_argument("--val", type=int, required=True, help="number of val examples")

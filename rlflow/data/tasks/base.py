@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, TypeVar
 
 from rlflow.data.tasks.answer import score_final_answer
+from rlflow.utils.registry import Registry
 
 DATA_SOURCE_PREFIX = "synthetic/"
 
@@ -53,18 +54,16 @@ class SyntheticTask(ABC):
         return score_final_answer(solution_str, ground_truth)
 
 
-TASK_REGISTRY: dict[str, type[SyntheticTask]] = {}
+TASK_REGISTRY: Registry[type[SyntheticTask]] = Registry("synthetic task", base=SyntheticTask)
 _TaskT = TypeVar("_TaskT", bound=type[SyntheticTask])
 
 
 def register_task(name: str) -> Callable[[_TaskT], _TaskT]:
-    """Class decorator adding a task to ``TASK_REGISTRY`` under ``name``."""
+    """Class decorator adding a task to ``TASK_REGISTRY`` under ``name`` (and setting its ``name``)."""
 
     def decorate(cls: _TaskT) -> _TaskT:
-        if name in TASK_REGISTRY:
-            raise ValueError(f"synthetic task {name!r} is already registered by {TASK_REGISTRY[name].__name__}")
+        TASK_REGISTRY.register(name)(cls)
         cls.name = name
-        TASK_REGISTRY[name] = cls
         return cls
 
     return decorate
@@ -72,10 +71,7 @@ def register_task(name: str) -> Callable[[_TaskT], _TaskT]:
 
 def get_task_cls(name: str) -> type[SyntheticTask]:
     """The task class for a task name or its data_source (``addition`` or ``synthetic/addition``)."""
-    key = name[len(DATA_SOURCE_PREFIX):] if name.startswith(DATA_SOURCE_PREFIX) else name
-    if key not in TASK_REGISTRY:
-        raise KeyError(f"unknown synthetic task {name!r}; registered tasks: {sorted(TASK_REGISTRY)}")
-    return TASK_REGISTRY[key]
+    return TASK_REGISTRY.get(name.removeprefix(DATA_SOURCE_PREFIX))
 
 
 def task_option_names(cls: type[SyntheticTask]) -> list[str]:

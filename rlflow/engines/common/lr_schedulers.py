@@ -14,24 +14,17 @@ import math
 from typing import Callable
 
 from rlflow.engines.config import EngineConfigError, LRSchedulerConfig
+from rlflow.utils.registry import Registry
 
-__all__ = ["LRSchedule", "LR_SCHEDULES", "register_lr_schedule"]
+__all__ = ["LRSchedule", "LR_SCHEDULE_REGISTRY", "register_lr_schedule"]
 
 DecayShape = Callable[[float, float], float]  # (progress, min_lr_ratio) -> multiplier
-LR_SCHEDULES: dict[str, DecayShape] = {}
-_NEEDS_TOTAL_STEPS: set[str] = set()
+LR_SCHEDULE_REGISTRY: Registry[DecayShape] = Registry("LR schedule", "engine.lr_scheduler.name", error=EngineConfigError)
 
 
 def register_lr_schedule(name: str, needs_total_steps: bool = True) -> Callable[[DecayShape], DecayShape]:
     """Register a decay shape under ``name`` (``needs_total_steps``: it uses progress, so total_steps must be set)."""
-
-    def decorator(shape: DecayShape) -> DecayShape:
-        LR_SCHEDULES[name] = shape
-        if needs_total_steps:
-            _NEEDS_TOTAL_STEPS.add(name)
-        return shape
-
-    return decorator
+    return LR_SCHEDULE_REGISTRY.register(name, needs_total_steps=needs_total_steps)
 
 
 @register_lr_schedule("constant", needs_total_steps=False)
@@ -53,9 +46,9 @@ class LRSchedule:
     """The LR of each optimizer step; counts steps and checkpoints that count."""
 
     def __init__(self, config: LRSchedulerConfig, base_lr: float) -> None:
-        if config.name not in LR_SCHEDULES:
-            raise EngineConfigError(f"unknown lr_scheduler.name {config.name!r}; registered: {sorted(LR_SCHEDULES)}")
-        if config.name in _NEEDS_TOTAL_STEPS and config.total_steps <= config.warmup_steps:
+        self.decay_shape = LR_SCHEDULE_REGISTRY.get(config.name)
+        needs_total_steps = LR_SCHEDULE_REGISTRY.metadata(config.name)["needs_total_steps"]
+        if needs_total_steps and config.total_steps <= config.warmup_steps:
             raise EngineConfigError(
                 f"lr_scheduler.name={config.name} decays over lr_scheduler.total_steps, which must exceed "
                 f"warmup_steps={config.warmup_steps}; got total_steps={config.total_steps}"
@@ -71,7 +64,7 @@ class LRSchedule:
             return (step + 1) / warmup
         span = max(1, self.config.total_steps - warmup)
         progress = min(1.0, (step - warmup) / span)
-        return LR_SCHEDULES[self.config.name](progress, self.config.min_lr_ratio)
+        return self.decay_shape(progress, self.config.min_lr_ratio)
 
     def current_lr(self) -> float:
         """The LR the next optimizer step runs at."""
