@@ -5,7 +5,9 @@ on the same batch of full-length sequences (token-mean NLL), and the rounds are
 interleaved so machine load hits all contenders alike. Prints tokens/s per contender
 and each engine's ratio to the plain loop (target >= 0.9).
 
-    python bench/engine_throughput.py [--size small] [--rows 8] [--seq-len 256] [--rounds 3]
+    python bench/engine_throughput.py [--size small] [--rows 8] [--seq-len 256] [--rounds 3] [--engines NAME ...]
+
+The engines are every registered one (``EngineRegistry.names()``) unless ``--engines`` names some.
 """
 
 from __future__ import annotations
@@ -20,12 +22,10 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlflow.engines import build_engine
+from rlflow.engines import EngineRegistry, build_engine
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 from rlflow.utils.device import limit_cpu_threads
-
-ENGINES = ("fsdp2", "fsdp")
 
 
 def make_batch(rows: int, seq_len: int, vocab: int) -> DataProto:
@@ -79,6 +79,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps-per-round", type=int, default=3)
+    parser.add_argument("--engines", nargs="*", default=EngineRegistry.names(), help="default: every registered engine")
     args = parser.parse_args()
     limit_cpu_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +87,7 @@ def main() -> None:
         vocab = AutoModelForCausalLM.from_pretrained(model_path).config.vocab_size
         batch = make_batch(args.rows, args.seq_len, vocab)
         contenders = {"plain": plain_step_fn(model_path, batch)}
-        contenders.update({name: engine_step_fn(name, model_path, batch) for name in ENGINES})
+        contenders.update({name: engine_step_fn(name, model_path, batch) for name in args.engines})
         for step in contenders.values():  # warm-up: allocator, optimizer state, first-call overheads
             step()
         seconds: dict[str, list[float]] = {name: [] for name in contenders}
@@ -102,7 +103,7 @@ def main() -> None:
     for name, tokens_per_s in speed.items():
         ratio = tokens_per_s / speed["plain"]
         verdict = "" if name == "plain" else f"  ratio vs plain {ratio:.3f} ({'ok' if ratio >= 0.9 else 'below'} target 0.9)"
-        print(f"  {name:6s} {tokens_per_s:9.0f} tokens/s{verdict}")
+        print(f"  {name:8s} {tokens_per_s:9.0f} tokens/s{verdict}")
 
 
 if __name__ == "__main__":

@@ -20,12 +20,17 @@ Per-token outputs, ``[B, T]`` in the input order, zero where undefined:
 * ``entropy[b, t]`` = entropy of the distribution that token t was drawn from (only when requested);
 * ``values[b, t]`` = the value head's output at token t (value models; the state after token t).
 
+Only ranks whose ``mesh.is_collect`` is true return these outputs; the others return an
+empty ``DataProto`` (a pipeline engine's non-last stages have no per-token outputs, and the
+tensor-parallel peers of a collect rank hold the same ones). Metrics come back on every rank.
+
 The loss function contract is in ``LossContext``/``LossFn`` below and in docs/engines.md.
 """
 
 from __future__ import annotations
 
 import abc
+import enum
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,18 +38,22 @@ from typing import Any, Callable, ClassVar, Iterator, Optional
 
 import torch
 
-from rlflow.engines.config import EngineConfig
+from rlflow.engines.config import EngineConfig, EngineConfigError
 from rlflow.protocol import DataProto
 
-__all__ = ["BaseEngine", "EngineMesh", "LossContext", "LossFn"]
+__all__ = ["BaseEngine", "Capability", "EngineMesh", "LossContext", "LossFn"]
 
 
 @dataclass(frozen=True)
 class EngineMesh:
     """Where this process sits in the engine's data-parallel layout (used by mesh dispatch).
 
-    Every rank of one DP group receives the same chunk (``dp_rank``); the controller
-    concatenates the outputs of the ``is_collect`` ranks in ``dp_rank`` order.
+    ``dp_rank`` / ``dp_size`` count DP groups: all ranks that hold one model replica
+    together (its tensor- and pipeline-parallel ranks) form one group and share one
+    ``dp_rank``. Mesh dispatch sends each DP chunk to every rank of its group and
+    concatenates, in ``dp_rank`` order, the outputs of the one ``is_collect`` rank per
+    group: the rank that returns outputs (for a TP/PP engine, TP rank 0 of the last
+    pipeline stage; for a pure data-parallel engine, every rank).
     """
 
     dp_rank: int
@@ -82,6 +91,18 @@ class LossContext:
     micro_batch_index: int
 
 
+class Capability(str, enum.Enum):
+    """Optional features an engine declares in ``BaseEngine.capabilities``.
+
+    ``BaseEngine.__init__`` refuses a config or model kind that needs an undeclared one
+    (one clear line instead of a silently ignored option), and the engine test suite runs
+    a scenario on exactly the engines that declare what it needs.
+    """
+
+    MIXED_PRECISION = "mixed_precision"  # param_dtype != dtype: compute in param_dtype, master weights in dtype
+    VALUE_MODEL = "value_model"  # model_kind="value": a value-head model (critic, reward model)
+
+
 LossFn = Callable[[dict[str, torch.Tensor], DataProto, LossContext], "tuple[torch.Tensor, dict[str, float]]"]
 """``loss_fn(outputs, micro_batch, ctx) -> (loss, metrics)``.
 
@@ -96,14 +117,15 @@ averaged over this rank's micro-batches.
 class BaseEngine(abc.ABC):
     """Abstract engine: build, run and update one model under one parallel layout.
 
-    Subclasses register with ``@EngineRegistry.register("name")`` and set
-    ``config_class`` to their ``EngineConfig`` subclass. Construction is cheap;
-    ``initialize()`` does the heavy work, so a Ray worker can build then initialize.
-    All methods except ``mesh`` are collective: every rank of the engine calls them
-    in the same order.
+    Subclasses register with ``@EngineRegistry.register("name")``, set ``config_class``
+    to their ``EngineConfig`` subclass and ``capabilities`` to the optional features
+    they implement. Construction is cheap; ``initialize()`` does the heavy work, so a
+    Ray worker can build then initialize. All methods except ``mesh`` are collective:
+    every rank of the engine calls them in the same order.
     """
 
     config_class: ClassVar[type[EngineConfig]] = EngineConfig
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
 
     def __init__(self, config: EngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
         """``model_path``: a local HF folder. ``model_kind``: ``causal_lm`` (outputs log_probs,
@@ -111,6 +133,22 @@ class BaseEngine(abc.ABC):
         self.config = config
         self.model_path = Path(model_path)
         self.model_kind = model_kind
+        self._check_capabilities()
+
+    def _check_capabilities(self) -> None:
+        from rlflow.models.loading import resolve_dtype  # lazy: transformers is heavy for config-only imports
+
+        cfg = self.config
+        needed = {  # capability -> (needed by this config / model kind, how to do without it)
+            Capability.MIXED_PRECISION: (
+                resolve_dtype(cfg.param_dtype) != resolve_dtype(cfg.dtype),
+                f"param_dtype={cfg.param_dtype} differs from dtype={cfg.dtype}; set them equal",
+            ),
+            Capability.VALUE_MODEL: (self.model_kind == "value", "model_kind=value; host this model on another engine"),
+        }
+        problems = [f"{cap.value} ({fix})" for cap, (needs, fix) in needed.items() if needs and cap not in self.capabilities]
+        if problems:
+            raise EngineConfigError(f"engine {cfg.name!r} does not support {'; '.join(problems)}")
 
     @abc.abstractmethod
     def initialize(self) -> None:
@@ -129,9 +167,10 @@ class BaseEngine(abc.ABC):
         backprops the returned loss (gradients accumulate until ``optim_step``).
 
         Returns ``(outputs, metrics)``: ``outputs`` a DataProto of detached per-token
-        tensors (``log_probs`` [+ ``entropy``] or ``values``) in the input row order;
-        ``metrics`` with ``loss`` (the global mini-batch loss, identical on all ranks),
-        the global counts, and the loss_fn's metrics averaged over micro-batches.
+        tensors (``log_probs`` [+ ``entropy``] or ``values``) in the input row order on
+        ``mesh.is_collect`` ranks, an empty DataProto on the others; ``metrics`` on every
+        rank, with ``loss`` (the global mini-batch loss, identical on all ranks), the
+        global counts, and the loss_fn's metrics averaged over micro-batches.
         """
 
     @abc.abstractmethod
@@ -176,17 +215,21 @@ class BaseEngine(abc.ABC):
         """
 
     @abc.abstractmethod
-    def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(hf_name, full_tensor)`` one tensor at a time, on every rank, in the same order.
+    def export_hf_weights(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(hf_name, full_tensor)`` one tensor at a time; collective.
 
-        Names are those of the HF checkpoint the model came from (tied weights once).
-        Memory stays bounded by one full tensor (or one sharding unit).
+        EVERY rank yields the complete model: all HF names of the checkpoint the model
+        came from (tied weights once), in the same order on every rank. An engine that
+        shards by tensor parallelism gathers each tensor's shards; a pipeline engine
+        broadcasts each stage's tensors over its pipeline group. Either way memory stays
+        bounded by one full tensor (or one sharding unit). Each tensor is cast to
+        ``dtype`` (None: the stored dtype); the rollout passes its own dtype.
         """
 
     @abc.abstractmethod
     def save_hf(self, path: str | Path) -> None:
-        """Write an HF folder (weights, config, tokenizer files of the source folder) that
-        ``AutoModelForCausalLM`` / ``AutoTokenizer`` load. Rank 0 writes; all ranks must call."""
+        """Write an HF folder (weights in the stored dtype, config, tokenizer files of the source
+        folder) that ``AutoModelForCausalLM`` / ``AutoTokenizer`` load. Rank 0 writes; all ranks must call."""
 
     @property
     @abc.abstractmethod

@@ -1,11 +1,18 @@
-"""Typed configuration shared by every engine.
+"""Typed engine configuration, in two layers.
 
-Each engine class names its own dataclass (``config_class``), a subclass of
-``EngineConfig`` that adds the engine's parallelism options. A Hydra node for an
-engine (``configs/engine/<name>.yaml``, mounted at ``actor.engine`` ...) is checked
-against that dataclass, so a misspelled key fails at start-up with its name.
-The model folder is not part of this config: it comes from the role that builds
-the engine (``build_engine(config, model_path=...)``).
+* ``EngineConfig``: what every engine honours, whatever it is built on (FSDP, Megatron,
+  torchtitan ...): device, dtypes, optimizer, LR schedule, micro-batching, packing,
+  activation recomputation, offload, seed.
+* ``HFModuleEngineConfig``: what only an engine that runs the Hugging Face module
+  itself can honour (the HF attention kernel, the chunked log-prob head, which HF
+  classes are the decoder layers).
+
+Each engine class names its own dataclass (``config_class``), a subclass of one of
+these that adds the engine's parallelism options. A Hydra node for an engine
+(``configs/engine/<name>.yaml``, mounted at ``actor.engine`` ...) is checked against
+that dataclass, so a misspelled key fails at start-up with its name. The model folder
+is not part of this config: it comes from the role that builds the engine
+(``build_engine(config, model_path=...)``).
 """
 
 from __future__ import annotations
@@ -18,7 +25,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlflow.errors import UserError
 
-__all__ = ["EngineConfig", "EngineConfigError", "LRSchedulerConfig", "OptimizerConfig", "config_from_mapping"]
+__all__ = [
+    "EngineConfig",
+    "EngineConfigError",
+    "HFModuleEngineConfig",
+    "LRSchedulerConfig",
+    "OptimizerConfig",
+    "config_from_mapping",
+]
 
 
 class EngineConfigError(UserError, ValueError):
@@ -48,25 +62,46 @@ class LRSchedulerConfig:
 
 @dataclass
 class EngineConfig:
-    """Options every engine understands: device, dtypes, optimizer, schedule, batching, offload."""
+    """Options every engine honours: device, dtypes, optimizer, schedule, batching, packing, offload, seed."""
 
     name: str = "???"
     device: str = "auto"  # auto | cpu | cuda (rlflow.utils.device)
     dtype: str = "float32"  # storage dtype of the (master) weights and optimizer state
     param_dtype: str = "float32"  # compute dtype; bfloat16 with dtype=float32 is mixed precision
     reduce_dtype: str = "float32"  # dtype of the gradient reduction across data-parallel ranks
-    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 | flex_attention
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lr_scheduler: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)
     micro_batch_size: int = 4  # sequences per forward/backward when use_dynamic_bsz is false
     use_dynamic_bsz: bool = False  # size micro-batches by a token budget instead of a sequence count
     max_token_len_per_micro_batch: int = 4096  # token budget of one micro-batch (use_dynamic_bsz)
     use_remove_padding: bool = True  # pack a micro-batch's valid tokens into one row (no padding compute)
-    logprob_chunk_size: int = 1024  # tokens per chunk when turning hidden states into log-probs
     gradient_checkpointing: bool = False  # recompute decoder-layer activations in backward
     param_offload: bool = False  # keep parameters and grads in host memory between engine calls
     optimizer_offload: bool = False  # keep optimizer state in host memory between optimizer steps
     seed: int = 0  # base seed; rank r seeds torch/numpy/python with seed + r
+
+    def range_checks(self) -> dict[str, bool]:
+        """``{dotted key: value is in range}``; a subclass adds its own keys to ``super().range_checks()``."""
+        return {
+            "micro_batch_size": self.micro_batch_size >= 1,
+            "max_token_len_per_micro_batch": self.max_token_len_per_micro_batch >= 1,
+            "optimizer.lr": self.optimizer.lr >= 0,
+            "optimizer.betas": len(self.optimizer.betas) == 2,
+            "lr_scheduler.warmup_steps": self.lr_scheduler.warmup_steps >= 0,
+            "lr_scheduler.min_lr_ratio": 0.0 <= self.lr_scheduler.min_lr_ratio <= 1.0,
+        }
+
+
+@dataclass
+class HFModuleEngineConfig(EngineConfig):
+    """Options only an engine that runs the Hugging Face module itself honours (fsdp, fsdp2, ...)."""
+
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 | flex_attention
+    logprob_chunk_size: int = 1024  # tokens per chunk when turning hidden states into log-probs
+    wrap_layer_classes: list[str] = field(default_factory=list)  # decoder-layer classes; empty: _no_split_modules
+
+    def range_checks(self) -> dict[str, bool]:
+        return {**super().range_checks(), "logprob_chunk_size": self.logprob_chunk_size >= 1}
 
 
 ConfigT = TypeVar("ConfigT", bound=EngineConfig)
@@ -88,16 +123,7 @@ def config_from_mapping(config_class: type[ConfigT], values: Mapping[str, Any] |
 
 
 def _check_ranges(config: EngineConfig) -> None:
-    checks = {
-        "micro_batch_size": config.micro_batch_size >= 1,
-        "max_token_len_per_micro_batch": config.max_token_len_per_micro_batch >= 1,
-        "logprob_chunk_size": config.logprob_chunk_size >= 1,
-        "optimizer.lr": config.optimizer.lr >= 0,
-        "optimizer.betas": len(config.optimizer.betas) == 2,
-        "lr_scheduler.warmup_steps": config.lr_scheduler.warmup_steps >= 0,
-        "lr_scheduler.min_lr_ratio": 0.0 <= config.lr_scheduler.min_lr_ratio <= 1.0,
-    }
-    bad = [key for key, ok in checks.items() if not ok]
+    bad = [key for key, ok in config.range_checks().items() if not ok]
     if bad:
         detail = ", ".join(f"{key}={_lookup(config, key)!r}" for key in bad)
         raise EngineConfigError(f"engine config values out of range: {detail}")

@@ -9,7 +9,7 @@ sharded DCP state dicts; HF export gathers one FSDP unit at a time
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -20,7 +20,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from rlflow.engines.common.models import HFForwardModule, decoder_layer_classes
 from rlflow.engines.common.module_engine import ModuleEngine
-from rlflow.engines.config import EngineConfig, EngineConfigError
+from rlflow.engines.config import EngineConfigError, HFModuleEngineConfig
 from rlflow.engines.registry import EngineRegistry
 from rlflow.models.loading import resolve_dtype
 
@@ -34,13 +34,12 @@ _STRATEGIES = {
 
 
 @dataclass
-class FSDPEngineConfig(EngineConfig):
+class FSDPEngineConfig(HFModuleEngineConfig):
     """Options of the ``fsdp`` (FSDP1) engine (configs/engine/fsdp.yaml)."""
 
     name: str = "fsdp"
     sharding_strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD
     forward_prefetch: bool = False  # issue the next unit's all-gather before the current forward finishes
-    wrap_layer_classes: list[str] = field(default_factory=list)  # per-layer units; empty: the model's _no_split_modules
 
 
 @EngineRegistry.register("fsdp")

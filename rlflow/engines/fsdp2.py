@@ -11,7 +11,7 @@ a time (``DTensor.full_tensor``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from rlflow.engines.common.models import HFForwardModule, decoder_layer_classes
 from rlflow.engines.common.module_engine import ModuleEngine
-from rlflow.engines.config import EngineConfig, EngineConfigError
+from rlflow.engines.config import EngineConfigError, HFModuleEngineConfig
 from rlflow.engines.registry import EngineRegistry
 from rlflow.models.loading import resolve_dtype
 
@@ -30,13 +30,12 @@ __all__ = ["FSDP2Engine", "FSDP2EngineConfig"]
 
 
 @dataclass
-class FSDP2EngineConfig(EngineConfig):
+class FSDP2EngineConfig(HFModuleEngineConfig):
     """Options of the ``fsdp2`` engine (configs/engine/fsdp2.yaml)."""
 
     name: str = "fsdp2"
     reshard_after_forward: bool = True  # free gathered layer weights after forward (re-gather in backward)
     hybrid_replicate_size: int = 1  # >1: HSDP, world = replicate x shard; shards replicate across groups
-    wrap_layer_classes: list[str] = field(default_factory=list)  # per-layer units; empty: the model's _no_split_modules
 
 
 @EngineRegistry.register("fsdp2")

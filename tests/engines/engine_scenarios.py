@@ -2,6 +2,11 @@
 
 One launch runs many configurations in sequence (process start-up dominates the cost).
 Every function has the ``spawn`` signature ``fn(rank, world_size, *args)``.
+
+The engines are every registered one (``EngineRegistry.names()``: the built-in engines and
+``test_ddp`` from ``ddp_engine``, imported here so every spawned process registers it too).
+A scenario that needs an optional feature runs on ``engines_with(capability)``: the engines
+whose class declares it (``BaseEngine.capabilities``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
+import ddp_engine  # noqa: F401  (registers test_ddp in this process and in every spawned one)
 from engine_testlib import (
     engine_config,
     full_grads,
@@ -25,13 +31,19 @@ from engine_testlib import (
     reference_training,
     whole_batch_loss,
 )
-from rlflow.engines import build_engine
+from rlflow.algos import agg_loss, loss_agg_modes
+from rlflow.engines import EngineRegistry, build_engine
+from rlflow.engines.base import Capability
 from rlflow.errors import CheckpointError
 from rlflow.protocol import DataProto
-from rlflow.algos import agg_loss, loss_agg_modes
 
-ENGINES = ("fsdp", "fsdp2")
+ENGINES = tuple(EngineRegistry.names())
 HORIZON = 24.0
+
+
+def engines_with(*needs: Capability) -> tuple[str, ...]:
+    """The registered engines whose class declares every capability in ``needs``."""
+    return tuple(name for name in ENGINES if set(needs) <= EngineRegistry.get(name).capabilities)
 
 
 def _local(batch: DataProto, rank: int, world_size: int) -> DataProto:
@@ -165,6 +177,7 @@ def export_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) ->
         folder = out_dir / f"hf_{name}"
         engine.save_hf(folder)
         exported = {n: t.clone() for n, t in engine.export_hf_weights()}
+        as_bf16 = {n: t.clone() for n, t in engine.export_hf_weights(torch.bfloat16)}
         engine_out, _ = engine.forward_backward(batch, forward_only=True)
         if rank == 0:
             loaded, info = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
@@ -176,6 +189,11 @@ def export_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) ->
                 "max_logprob_diff": (hf_log_probs - engine_out.batch["log_probs"]).abs().max().item(),
                 "max_weight_diff": max((loaded.state_dict()[n] - t).abs().max().item() for n, t in exported.items()),
                 "exported_names": sorted(exported),
+                "bf16_export_order_kept": list(as_bf16) == list(exported),
+                "bf16_export_is_the_cast": all(
+                    as_bf16[n].dtype == torch.bfloat16 and torch.equal(as_bf16[n], t.to(torch.bfloat16)) for n, t in exported.items()
+                ),
+                "stored_dtypes": {t.dtype for t in exported.values()},
                 "hf_names": sorted(loaded.state_dict()),
                 "tokenizer_vocab": len(AutoTokenizer.from_pretrained(folder)),
                 "files": sorted(os.listdir(folder)),
@@ -199,7 +217,7 @@ def value_suite(rank: int, world_size: int, model_path: Path, value_path: Path, 
         return ((outputs["values"] - 1.0) ** 2 * loss_mask).sum() / ctx.global_num_tokens * ctx.dp_size, {}
 
     results: dict[str, Any] = {"direct": direct_values(value_path) if rank == 0 else None}
-    for name in ENGINES:
+    for name in engines_with(Capability.VALUE_MODEL):
         engines = {
             rp: _engine(engine_config(name, use_remove_padding=rp, micro_batch_size=3), value_path, kind="value")
             for rp in (True, False)
@@ -292,7 +310,7 @@ def resume_after_kill(rank: int, world_size: int, model_path: Path, out_dir: Pat
 
 
 def behaviour_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
-    """Non-finite skip, one-step LR override, modes, offload, and bf16 compute with fp32 master weights."""
+    """Non-finite skip, one-step LR override, modes, offload; bf16 compute with fp32 master weights."""
     results: dict[str, Any] = {}
     batch = make_batch(seed=71)
     for name in ENGINES:
@@ -318,9 +336,6 @@ def behaviour_suite(rank: int, world_size: int, model_path: Path, out_dir: Path)
         probe_after, _ = engine.forward_backward(batch, forward_only=True)
         with engine.eval_mode():
             inside_eval = engine.module.training
-        mixed = _engine(engine_config(name, micro_batch_size=4, param_dtype="bfloat16"), model_path)
-        _, mixed_metrics = mixed.forward_backward(batch, nll_token_mean)
-        mixed_step = mixed.optim_step()
         results[name] = {
             "skipped": skipped,
             "unchanged_after_skip": all(torch.equal(before[n], after_skip[n]) for n in before),
@@ -330,9 +345,14 @@ def behaviour_suite(rank: int, world_size: int, model_path: Path, out_dir: Path)
             "offload_round_trip": torch.equal(probe_before.batch["log_probs"], probe_after.batch["log_probs"]),
             "inside_eval": inside_eval,
             "after_eval": engine.module.training,
-            "bf16_loss": mixed_metrics["loss"],
-            "bf16_step": mixed_step,
-            "bf16_master_dtypes": {t.dtype for _, t in mixed.export_hf_weights()},
+        }
+    for name in engines_with(Capability.MIXED_PRECISION):
+        mixed = _engine(engine_config(name, micro_batch_size=4, param_dtype="bfloat16"), model_path)
+        _, mixed_metrics = mixed.forward_backward(batch, nll_token_mean)
+        results[(name, "bf16")] = {
+            "loss": mixed_metrics["loss"],
+            "step": mixed.optim_step(),
+            "master_dtypes": {t.dtype for _, t in mixed.export_hf_weights()},
         }
     with torch.no_grad():
         log_probs, _ = reference_token_stats(reference_model(model_path), batch)

@@ -170,14 +170,15 @@ def nll_token_mean(outputs: dict[str, torch.Tensor], micro: DataProto, ctx: Any)
 
 
 def full_grads(engine: Any) -> dict[str, torch.Tensor]:
-    """Every parameter's full gradient under HF names (collective; FSDP1 and FSDP2 aware)."""
+    """Every parameter's full gradient under HF names (collective; DDP, FSDP1 and FSDP2 aware)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel
 
     def hf_name(name: str) -> str:
         return name.replace("_fsdp_wrapped_module.", "").removeprefix("model.")
 
-    module = engine.module
+    module = engine.module.module if isinstance(engine.module, DistributedDataParallel) else engine.module
     if isinstance(module, FSDP):
         with FSDP.summon_full_params(module, with_grads=True, writeback=False):
             return {hf_name(n): p.grad.detach().clone() for n, p in module.named_parameters()}

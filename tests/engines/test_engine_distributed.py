@@ -1,6 +1,9 @@
 """Engine acceptance tests in real processes over gloo: parity with plain PyTorch, gradient
 accumulation, packing, checkpoints, HF export and the value-head engine.
 
+Every registered engine runs them (``engine_scenarios.ENGINES``: fsdp, fsdp2 and the test
+engine ``test_ddp``, which is not a ``ModuleEngine``); a scenario that needs an optional
+feature is parametrized over the engines that declare it (``engines_with``).
 Three launches in total (one of 2 ranks, two of 1 rank); each runs many configurations and
 rank 0 saves the results that the tests below check.
 """
@@ -14,10 +17,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from engine_scenarios import ENGINES, killed_save, one_rank_suites, parity_configs, two_rank_suites
+from engine_scenarios import ENGINES, engines_with, killed_save, one_rank_suites, parity_configs, two_rank_suites
 from engine_testlib import REFERENCE_LRS, build_test_model, spawn
-from rlflow.models.value_head import ValueHeadModel
 from rlflow.algos import loss_agg_modes
+from rlflow.engines import EngineRegistry
+from rlflow.engines.base import Capability
+from rlflow.engines.common.module_engine import ModuleEngine
+from rlflow.models.value_head import ValueHeadModel
 
 TOKEN_TOL = 1e-5
 # The module fixtures each run one multi-configuration launch (about a minute of CPU); on a
@@ -63,6 +69,12 @@ def one_rank(model_path: Path, two_rank: Path, killed: tuple[Path, Any]) -> Path
 
 def _results(folder: Path, name: str) -> dict[str, Any]:
     return torch.load(folder / name, weights_only=False)
+
+
+def test_the_suite_runs_an_engine_that_is_not_a_module_engine() -> None:
+    assert {"fsdp", "fsdp2", "test_ddp"} <= set(ENGINES)
+    assert not issubclass(EngineRegistry.get("test_ddp"), ModuleEngine)
+    assert "test_ddp" in engines_with(Capability.VALUE_MODEL) and "test_ddp" not in engines_with(Capability.MIXED_PRECISION)
 
 
 # ------------------------------------------------------------------------------------- parity
@@ -152,6 +164,8 @@ def test_export_from_two_ranks_loads_in_transformers(engine: str, two_rank: Path
     run = _results(two_rank, "export.pt")[engine]
     assert run["missing"] == [] and run["unexpected"] == []
     assert run["exported_names"] == run["hf_names"]
+    assert run["stored_dtypes"] == {torch.float32}
+    assert run["bf16_export_order_kept"] and run["bf16_export_is_the_cast"]
     assert run["max_weight_diff"] == 0.0
     assert run["max_logprob_diff"] <= TOKEN_TOL
     assert run["tokenizer_vocab"] > 100
@@ -159,7 +173,7 @@ def test_export_from_two_ranks_loads_in_transformers(engine: str, two_rank: Path
 
 
 # ---------------------------------------------------------------------------------- value model
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", engines_with(Capability.VALUE_MODEL))
 def test_value_engine(engine: str, two_rank: Path) -> None:
     results = _results(two_rank, "value.pt")
     for packed in (True, False):
@@ -188,11 +202,11 @@ def test_optimizer_step_behaviour(engine: str, one_rank: Path) -> None:
     assert run["inside_eval"] is False and run["after_eval"] is True
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", engines_with(Capability.MIXED_PRECISION))
 def test_bf16_compute_keeps_fp32_master_weights(engine: str, one_rank: Path) -> None:
     results = _results(one_rank, "behaviour.pt")
-    run = results[engine]
-    assert run["bf16_master_dtypes"] == {torch.float32}
-    assert run["bf16_loss"] == pytest.approx(results["fp32_loss"], abs=5e-2)
-    assert run["bf16_loss"] != results["fp32_loss"]  # it really computed in bf16
-    assert not run["bf16_step"]["skipped"] and run["bf16_step"]["grad_norm"] > 0
+    run = results[(engine, "bf16")]
+    assert run["master_dtypes"] == {torch.float32}
+    assert run["loss"] == pytest.approx(results["fp32_loss"], abs=5e-2)
+    assert run["loss"] != results["fp32_loss"]  # it really computed in bf16
+    assert not run["step"]["skipped"] and run["step"]["grad_norm"] > 0

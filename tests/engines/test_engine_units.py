@@ -23,7 +23,13 @@ from rlflow.engines.common.micro_batching import balanced_partition, plan_micro_
 from rlflow.engines.common.models import get_model_kind
 from rlflow.engines.common.optimizers import build_adamw, clean_param_name, no_decay_names
 from rlflow.engines.common.packing import make_token_stream
-from rlflow.engines.config import EngineConfig, LRSchedulerConfig, OptimizerConfig, config_from_mapping
+from rlflow.engines.config import (
+    EngineConfig,
+    HFModuleEngineConfig,
+    LRSchedulerConfig,
+    OptimizerConfig,
+    config_from_mapping,
+)
 from rlflow.engines.fsdp import FSDPEngine, FSDPEngineConfig
 from rlflow.engines.fsdp2 import FSDP2Engine, FSDP2EngineConfig
 from rlflow.errors import CheckpointError
@@ -235,11 +241,27 @@ def test_engine_yaml_is_valid_and_documented(name: str) -> None:
     assert config.name == name
     defaults = type(config)()
     assert config == type(defaults)(**{**defaults.__dict__, "name": name})  # the YAML restates the defaults
-    for path in (configs / "engine" / f"{name}.yaml", configs / "engine" / "common" / "base.yaml"):
+    common = configs / "engine" / "common"
+    for path in (configs / "engine" / f"{name}.yaml", common / "hf_module.yaml", common / "base.yaml"):
         for line in path.read_text().splitlines():
             stripped = line.strip()
             if stripped and not stripped.startswith(("#", "- ")) and stripped != "defaults:":
                 assert "#" in stripped, f"{path.name}: '{stripped}' has no comment"
+
+
+@pytest.mark.parametrize("option,config_class", [("base", EngineConfig), ("hf_module", HFModuleEngineConfig)])
+def test_common_engine_yaml_layers_match_their_dataclasses(option: str, config_class: type) -> None:
+    """base.yaml alone is a complete EngineConfig (what a Megatron YAML composes); hf_module.yaml adds the HF keys."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(Path(__file__).parents[2] / "configs"), version_base=None):
+        node = compose(config_name=f"engine/common/{option}").engine.common
+    assert config_from_mapping(config_class, {**node, "name": "x"}) == config_class(name="x")
+    hf_only = {"attn_implementation", "logprob_chunk_size", "wrap_layer_classes"}
+    assert (hf_only <= set(node)) == (config_class is HFModuleEngineConfig)
+    if config_class is EngineConfig:
+        with pytest.raises(EngineConfigError, match="attn_implementation"):
+            config_from_mapping(EngineConfig, {"name": "x", "attn_implementation": "eager"})
 
 
 # -------------------------------------------------------------------------------- checkpoints

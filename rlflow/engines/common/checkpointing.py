@@ -2,10 +2,16 @@
 
 Layout of a checkpoint folder ``path``:
 
-* ``model_optim/``: model and optimizer state as a sharded torch.distributed.checkpoint;
+* the engine's model and optimizer state, in whatever format the engine writes
+  (``model_optim/``: a sharded torch.distributed.checkpoint, for engines whose model is
+  one torch module: ``save_module_state`` / ``load_module_state``);
 * ``rng_rank{r}.pt``: each rank's python/numpy/torch RNG state;
 * ``engine_meta.json``: engine name, model kind, world size, parallel layout, step
   counters and LR-schedule state. Written last: a folder without it is incomplete.
+
+``EngineCheckpointer`` is everything except the model/optimizer state, for any engine:
+the atomic folder, the RNG files, the meta with the ``OptimizerStepper`` state, and the
+setup check on load.
 
 Everything is written into ``<path>.tmp`` and renamed to ``path`` only when all ranks
 have finished, so a run killed mid-write leaves the previous ``path`` intact (if the
@@ -24,7 +30,11 @@ from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.errors import CheckpointError
 from rlflow.utils.logging import get_logger
 from rlflow.utils.seed import get_rng_state, set_rng_state
@@ -32,12 +42,16 @@ from rlflow.utils.seed import get_rng_state, set_rng_state
 __all__ = [
     "META_FILE",
     "MODEL_OPTIM_DIR",
+    "EngineCheckpointer",
     "atomic_checkpoint_dir",
     "check_compatible",
+    "load_module_state",
     "load_rng",
     "read_meta",
     "resolve_checkpoint_dir",
+    "save_module_state",
     "save_rng",
+    "setup_meta",
     "write_meta",
 ]
 
@@ -100,10 +114,21 @@ def read_meta(folder: Path) -> dict[str, Any]:
     return json.loads((folder / META_FILE).read_text())
 
 
+_SETUP_KEYS = ("engine", "model_kind", "world_size", "layout")
+
+
+def setup_meta(engine: str, model_kind: str, world_size: int, layout: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint must have been written under to be loadable: engine, model kind, world size, layout."""
+    return dict(zip(_SETUP_KEYS, (engine, model_kind, world_size, layout)))
+
+
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], folder: Path) -> None:
     """Raise CheckpointError listing each of engine/model_kind/world_size/layout that differs."""
-    keys = ("engine", "model_kind", "world_size", "layout")
-    differences = [f"{key}: checkpoint {saved.get(key)!r} vs this engine {current[key]!r}" for key in keys if saved.get(key) != current[key]]
+    differences = [
+        f"{key}: checkpoint {saved.get(key)!r} vs this engine {current[key]!r}"
+        for key in _SETUP_KEYS
+        if saved.get(key) != current[key]
+    ]
     if differences:
         raise CheckpointError(
             f"checkpoint {folder} was written under a different setup; resume with the same one. Differs: "
@@ -120,3 +145,49 @@ def load_rng(folder: Path, rank: int) -> None:
     if not file.is_file():
         raise CheckpointError(f"checkpoint {folder} has no RNG state for rank {rank} ({file.name})")
     set_rng_state(torch.load(file, weights_only=False))
+
+
+class EngineCheckpointer:
+    """The engine-independent part of ``save_checkpoint`` / ``load_checkpoint``.
+
+    ``with checkpointer.save(path) as folder:`` the engine writes its model/optimizer
+    state into ``folder``; on exit every rank's RNG state and then the meta (setup +
+    optimizer-step state) are written and the folder is renamed into place.
+    ``with checkpointer.load(path) as folder:`` checks the setup first (CheckpointError
+    listing what differs), the engine reads its state, and on exit the RNG and the
+    optimizer-step state are restored.
+    """
+
+    def __init__(self, setup: dict[str, Any], stepper: OptimizerStepper, rank: int, group: Optional[dist.ProcessGroup]) -> None:
+        """``setup``: from ``setup_meta``; ``rank``: this process's rank in ``group`` (None: the default group)."""
+        self.setup, self.stepper, self.rank, self.group = setup, stepper, rank, group
+
+    @contextmanager
+    def save(self, path: str | Path) -> Iterator[Path]:
+        with atomic_checkpoint_dir(path, self.group) as folder:
+            yield folder
+            save_rng(folder, self.rank)
+            write_meta(folder, {**self.setup, **self.stepper.state_dict()}, self.group)
+
+    @contextmanager
+    def load(self, path: str | Path) -> Iterator[Path]:
+        folder = resolve_checkpoint_dir(path)
+        meta = read_meta(folder)
+        check_compatible(meta, self.setup, folder)
+        yield folder
+        load_rng(folder, self.rank)
+        self.stepper.load_state_dict(meta)
+
+
+def save_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, group: Optional[dist.ProcessGroup]) -> None:
+    """Model + optimizer state of a (DDP / FSDP / FSDP2-wrapped) module as a sharded DCP checkpoint."""
+    model_state, optim_state = get_state_dict(module, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / MODEL_OPTIM_DIR), process_group=group)
+
+
+def load_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, group: Optional[dist.ProcessGroup]) -> None:
+    """Load what ``save_module_state`` wrote into ``module`` and ``optimizer`` (same layout)."""
+    model_state, optim_state = get_state_dict(module, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(folder / MODEL_OPTIM_DIR), process_group=group)
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

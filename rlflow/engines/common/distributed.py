@@ -1,4 +1,4 @@
-"""torch.distributed helpers for engines: join or create the process group, reduce small values."""
+"""torch.distributed helpers for engines: pick the device, join or create the process group, reduce small values."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from rlflow.utils.device import dist_backend_for
+from rlflow.utils.device import dist_backend_for, set_device
 
-__all__ = ["all_reduce_max", "all_reduce_sum", "ensure_process_group", "local_rank"]
+__all__ = ["all_reduce_max", "all_reduce_sum", "ensure_process_group", "join_process_group", "local_rank"]
 
 
 def ensure_process_group(device_type: str) -> None:
@@ -28,6 +28,14 @@ def ensure_process_group(device_type: str) -> None:
             "(rlflow.workers.Worker does) before initializing an engine"
         )
     dist.init_process_group(dist_backend_for(device_type), store=dist.HashStore(), rank=0, world_size=1)
+
+
+def join_process_group(device_option: str) -> tuple[torch.device, int, int]:
+    """Select this rank's device from the config's ``device`` option, join the default group;
+    returns ``(device, rank, world_size)``."""
+    device = set_device(device_option, local_rank())
+    ensure_process_group(device.type)
+    return device, dist.get_rank(), dist.get_world_size()
 
 
 def local_rank() -> int:

@@ -5,6 +5,9 @@ safetensors files with an index (one ``model.safetensors`` when it fits in one s
 Names matching a model kind's side-file prefix (the value head) go to their own file.
 The non-weight files of the source folder (config, tokenizer, chat template,
 generation config) are copied, and the folder appears atomically.
+
+``save_hf_from_export`` is ``BaseEngine.save_hf`` for any engine whose export is
+collective: every rank iterates the export, rank 0 writes.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import save_file
 
 from rlflow.engines.common.models import source_files_to_copy
 
-__all__ = ["write_hf_folder"]
+__all__ = ["save_hf_from_export", "write_hf_folder"]
 
 _SHARD_BYTES = 2 * 1024**3
 
@@ -89,3 +93,19 @@ def write_hf_folder(
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out
+
+
+def save_hf_from_export(
+    out_dir: str | Path,
+    exported: Iterable[tuple[str, torch.Tensor]],
+    source_folder: Path,
+    weight_file_of: Callable[[str], str],
+    group: Optional[dist.ProcessGroup] = None,
+) -> None:
+    """Collective: every rank of ``group`` drains ``exported`` (its gathers are collective), rank 0 writes the folder."""
+    if dist.get_rank(group) == 0:
+        write_hf_folder(out_dir, exported, source_folder, weight_file_of)
+    else:
+        for _ in exported:
+            pass
+    dist.barrier(group=group)

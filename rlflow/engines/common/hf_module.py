@@ -1,0 +1,63 @@
+"""Helpers for engines that run the Hugging Face module itself (``HFModuleEngineConfig``).
+
+Such an engine wraps one ``HFForwardModule`` (``models.py``) in its parallelism
+(FSDP, FSDP2, DDP ...) and composes:
+
+* ``load_forward_module``: load the HF model of a model kind with the config's dtype,
+  attention kernel and activation checkpointing, seeded identically on every rank (a
+  freshly initialised value head agrees), then per-rank seeds for dropout/sampling;
+* ``forward_micro_batch``: lay one micro-batch out as a ``TokenStream`` (packed or
+  padded) and call the wrapped module, reading ``temperature`` / ``compute_entropy``
+  from the micro-batch's ``meta_info``;
+* ``hf_named_tensors``: turn the wrapped module's ``(parameter name, full tensor)``
+  pairs into HF names, cast one tensor at a time to the requested export dtype.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+import torch
+from torch import nn
+
+from rlflow.engines.common.models import FORWARD_PREFIX, HFForwardModule, ModelKind
+from rlflow.engines.common.optimizers import clean_param_name
+from rlflow.engines.common.packing import make_token_stream
+from rlflow.engines.config import HFModuleEngineConfig
+from rlflow.protocol import DataProto
+from rlflow.utils.seed import set_seed
+
+__all__ = ["forward_micro_batch", "hf_named_tensors", "load_forward_module"]
+
+
+def load_forward_module(kind: ModelKind, model_path: Path, config: HFModuleEngineConfig, rank: int) -> HFForwardModule:
+    """The model of ``kind`` from ``model_path`` as an (unwrapped) forward module; seeds ``config.seed + rank`` after."""
+    set_seed(config.seed)  # identical on every rank: any freshly initialised weights (a new value head) agree
+    model = kind.load(model_path, dtype=config.dtype, attn_implementation=config.attn_implementation)
+    set_seed(config.seed + rank)  # per-rank streams for dropout and sampling
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return kind.forward_cls(model, config.logprob_chunk_size)
+
+
+def forward_micro_batch(module: nn.Module, micro: DataProto, config: HFModuleEngineConfig) -> dict[str, torch.Tensor]:
+    """Per-token outputs of one micro-batch (``[b, T]``, differentiable) from the wrapped forward module."""
+    stream = make_token_stream(
+        micro.batch["input_ids"],
+        micro.batch["attention_mask"],
+        micro.batch.get("position_ids"),
+        remove_padding=config.use_remove_padding,
+        attn_implementation=config.attn_implementation,
+    )
+    temperature = float(micro.meta_info.get("temperature", 1.0))
+    compute_entropy = bool(micro.meta_info.get("compute_entropy", False))
+    return module(stream, temperature, compute_entropy)
+
+
+def hf_named_tensors(
+    named_full_tensors: Iterable[tuple[str, torch.Tensor]], dtype: Optional[torch.dtype] = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(hf_name, tensor)`` from the forward module's parameter names; cast to ``dtype`` unless None."""
+    for name, tensor in named_full_tensors:
+        yield clean_param_name(name).removeprefix(FORWARD_PREFIX), tensor if dtype is None else tensor.to(dtype)

@@ -1,0 +1,71 @@
+"""The optimizer step as every engine runs it, whatever its parallelism.
+
+``OptimizerStepper.step(lr)``: measure (and clip) the global gradient norm with the
+engine's own norm function, skip the update when the norm is not finite (counted,
+with a warning), otherwise run the optimizer at the scheduled LR or at ``lr`` for this
+one step, zero the gradients and advance the LR schedule. A skipped step still
+advances the schedule: it counts training steps, not successful updates.
+
+The engine supplies only what depends on its layout: the norm function (FSDP reads a
+DTensor norm, a TP/PP engine reduces over its model-parallel groups) and the optimizer
+(anything with ``param_groups``, ``step()`` and ``zero_grad(set_to_none=True)``).
+``state_dict()`` is what a checkpoint must keep to resume the schedule and the counter.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import torch
+
+from rlflow.engines.common.lr_schedulers import LRSchedule
+from rlflow.engines.config import EngineConfig
+from rlflow.utils.logging import get_logger
+
+__all__ = ["OptimizerStepper"]
+
+_logger = get_logger(__name__)
+
+
+class OptimizerStepper:
+    """Clip, non-finite skip, per-step LR override, zero grads and the LR schedule of one optimizer."""
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, config: EngineConfig, clip_grad_norm: Callable[[float], float]
+    ) -> None:
+        """``clip_grad_norm(max_norm)`` clips in place and returns the global norm before clipping."""
+        self.optimizer = optimizer
+        self.clip_grad_norm = clip_grad_norm
+        self.grad_clip = config.optimizer.grad_clip
+        self.schedule = LRSchedule(config.lr_scheduler, config.optimizer.lr)
+        self.skipped_steps = 0
+
+    def step(self, lr: Optional[float] = None) -> dict[str, Any]:
+        """One optimizer step; returns ``{"grad_norm", "lr", "skipped", "skipped_steps"}``."""
+        grad_norm = float(self.clip_grad_norm(self.grad_clip if self.grad_clip > 0 else math.inf))
+        step_lr = self.schedule.current_lr() if lr is None else float(lr)
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            self.skipped_steps += 1
+            _logger.warning("grad norm is %s: skipping optimizer step %d", grad_norm, self.schedule.step_count)
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = step_lr
+            self.optimizer.step()
+        self.zero_grad()
+        self.schedule.advance()
+        return {"grad_norm": grad_norm, "lr": step_lr, "skipped": skipped, "skipped_steps": self.skipped_steps}
+
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients (set to None)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The LR schedule's position and the skip counter (JSON-serialisable)."""
+        return {"lr_schedule": self.schedule.state_dict(), "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned (extra keys, such as a checkpoint's setup, are ignored)."""
+        self.schedule.load_state_dict(state["lr_schedule"])
+        self.skipped_steps = int(state["skipped_steps"])

@@ -1,0 +1,105 @@
+"""In-process unit tests of the helpers any engine composes: optimizer step, offload bookkeeping,
+checkpoint meta, and the capability check of ``BaseEngine``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import ddp_engine  # noqa: F401  (registers test_ddp)
+from rlflow.engines import EngineConfigError, build_engine
+from rlflow.engines.common import checkpointing as ckpt
+from rlflow.engines.common.offload import HOST, HostOffload
+from rlflow.engines.common.optimizer_step import OptimizerStepper
+from rlflow.engines.config import EngineConfig, LRSchedulerConfig, OptimizerConfig
+from rlflow.errors import CheckpointError
+
+SCHEDULE = LRSchedulerConfig(name="linear", warmup_steps=0, total_steps=4, min_lr_ratio=0.0)  # 1, .75, .5, .25
+
+
+def _stepper(grad_clip: float = 1.0) -> tuple[torch.nn.Linear, OptimizerStepper]:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    config = EngineConfig(name="x", optimizer=OptimizerConfig(lr=0.1, grad_clip=grad_clip, weight_decay=0.0), lr_scheduler=SCHEDULE)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1, weight_decay=0.0)
+
+    def clip(max_norm: float) -> float:
+        return torch.nn.utils.clip_grad_norm_(layer.parameters(), max_norm).item()
+
+    return layer, OptimizerStepper(optimizer, config, clip)
+
+
+def _backward(layer: torch.nn.Linear, scale: float = 1.0) -> None:
+    (layer(torch.ones(4, 3)).sum() * scale).backward()
+
+
+def test_stepper_skips_non_finite_counts_and_still_advances_the_schedule() -> None:
+    layer, stepper = _stepper()
+    before = [p.detach().clone() for p in layer.parameters()]
+    _backward(layer, float("nan"))
+    result = stepper.step()
+    assert result["skipped"] and result["skipped_steps"] == 1 and result["lr"] == pytest.approx(0.1)
+    assert all(torch.equal(a, b) for a, b in zip(before, layer.parameters()))
+    assert all(p.grad is None for p in layer.parameters())  # the poisoned gradients are dropped
+    _backward(layer)
+    result = stepper.step()
+    assert not result["skipped"] and result["lr"] == pytest.approx(0.075)  # the schedule counted the skip
+    assert not all(torch.equal(a, b) for a, b in zip(before, layer.parameters()))
+
+
+def test_stepper_lr_override_lasts_one_step_and_clip_reports_the_unclipped_norm() -> None:
+    layer, stepper = _stepper(grad_clip=0.5)
+    _backward(layer)
+    expected_norm = torch.cat([p.grad.flatten() for p in layer.parameters()]).norm().item()
+    result = stepper.step(lr=0.0)
+    assert result["lr"] == 0.0 and result["grad_norm"] == pytest.approx(expected_norm) and expected_norm > 0.5
+    assert stepper.optimizer.param_groups[0]["lr"] == 0.0
+    _backward(layer)
+    assert stepper.step()["lr"] == pytest.approx(0.075)
+
+
+def test_stepper_state_round_trips_through_the_checkpoint_meta(tmp_path: Path) -> None:
+    _, stepper = _stepper()
+    stepper.skipped_steps, stepper.schedule.step_count = 2, 3
+    setup = ckpt.setup_meta("test_ddp", "causal_lm", 1, {"dp_replicate": 1})
+    with ckpt.EngineCheckpointer(setup, stepper, 0, None).save(tmp_path / "c") as folder:
+        (folder / "state.txt").write_text("model")
+    _, fresh = _stepper()
+    with ckpt.EngineCheckpointer(setup, fresh, 0, None).load(tmp_path / "c") as folder:
+        assert (folder / "state.txt").read_text() == "model"
+    assert (fresh.skipped_steps, fresh.schedule.step_count) == (2, 3)
+    assert {"rng_rank0.pt", "engine_meta.json"} <= {p.name for p in (tmp_path / "c").iterdir()}
+    other = ckpt.setup_meta("test_ddp", "causal_lm", 2, {"dp_replicate": 2})
+    with pytest.raises(CheckpointError, match="world_size: checkpoint 1 vs this engine 2"):
+        with ckpt.EngineCheckpointer(other, fresh, 0, None).load(tmp_path / "c"):
+            pass
+
+
+def test_offload_follows_the_flags_and_brings_state_in_for_each_call() -> None:
+    """Bookkeeping only: the move callbacks record where they were asked to put things."""
+    device = torch.device("cuda", 0)  # a label here: nothing is allocated
+    moves: list[tuple[str, torch.device]] = []
+    config = EngineConfig(name="x", param_offload=True, optimizer_offload=False)
+    offload = HostOffload(device, config, lambda d: moves.append(("params", d)), lambda d: moves.append(("optim", d)))
+    assert moves == [("params", HOST)] and offload.params_on_host and not offload.optimizer_on_host
+    moves.clear()
+    with offload.resident():
+        assert moves == [("params", device)]
+    assert moves == [("params", device), ("params", HOST)]  # params back to the host, optimizer stays
+    moves.clear()
+    offload.offload()
+    assert offload.params_on_host and offload.optimizer_on_host
+    with offload.optimizer_resident():
+        pass
+    assert moves[-1] == ("optim", device) and offload.optimizer_on_host is False  # optimizer_offload is off
+    offload.onload()
+    assert not offload.params_on_host and not offload.optimizer_on_host
+
+
+def test_capabilities_refuse_what_an_engine_cannot_do() -> None:
+    with pytest.raises(EngineConfigError, match=r"'test_ddp' does not support mixed_precision \(param_dtype=bfloat16"):
+        build_engine({"name": "test_ddp", "param_dtype": "bfloat16"}, "unused")
+    build_engine({"name": "test_ddp", "param_dtype": "float32"}, "unused", model_kind="value")
+    build_engine({"name": "fsdp2", "param_dtype": "bfloat16"}, "unused", model_kind="value")
