@@ -209,6 +209,8 @@ class RunConfig:
     resume_from_path: Optional[str] = None
     max_ckpt_to_keep: Optional[int] = None
     export_hf_dir: Optional[str] = None  # null: <default_local_dir>/hf
+    plugins: list[str] = field(default_factory=list)  # modules / .py files every process imports first (docs/config.md)
+    external_lib: Any = None  # verl's spelling: a module or file, or a list; merged into `plugins` at start-up
 
 
 @dataclass

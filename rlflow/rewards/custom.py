@@ -2,19 +2,19 @@
 
 The function is called like every registered reward, ``fn(data_source, solution_str,
 ground_truth, extra_info)``, and replaces the registry for every data_source (verl's
-``custom_reward_function``). A file path is resolved against the current directory.
+``custom_reward_function``). A file path is resolved against the current directory and imported
+like a file plugin (``rlflow.utils.plugins.load_module_file``), so naming one file in both places
+imports it once.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
-import sys
 from pathlib import Path
 
 from rlflow.config import ConfigError
 from rlflow.rewards.registry import RewardFn
+from rlflow.utils.plugins import load_module_file
 
 _KEY = "reward.custom_function"
 
@@ -37,18 +37,10 @@ def _load_file(path: Path):
     path = path.expanduser().resolve()
     if not path.is_file():
         raise ConfigError(f"config key {_KEY!r}: file {path} does not exist")
-    module_name = "rlflow_custom_reward_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    module_spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_name] = module
     try:
-        module_spec.loader.exec_module(module)
+        return load_module_file(path)
     except Exception as error:  # noqa: BLE001 - the user's module failing to import is a config problem
-        del sys.modules[module_name]
         raise ConfigError(f"config key {_KEY!r}: importing {path} failed: {type(error).__name__}: {error}") from None
-    return module
 
 
 def _import(module_path: str):

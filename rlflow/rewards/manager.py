@@ -4,7 +4,9 @@
 batch. With ``reward.num_workers > 0`` the samples are split into that many contiguous
 chunks and scored in a pool of worker processes (started with ``spawn``, so they are safe
 next to Ray and torch threads, and reused across batches); each worker runs the same
-``score_samples`` as the serial path, so the scores are identical.
+``score_samples`` as the serial path, so the scores are identical. Each worker imports the
+driver's plugins (``trainer.plugins``) when it starts, before it unpickles a task, so reward
+functions a plugin registered reach it by reference.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rlflow.rewards.custom import load_custom_function
 from rlflow.rewards.registry import RewardFn, get_reward_fn
 from rlflow.rewards.scoring import RewardInput, ScoreResult, score_samples
 from rlflow.utils.logging import get_logger
+from rlflow.utils.plugins import import_plugins, loaded_plugins
 
 logger = get_logger(__name__)
 
@@ -96,7 +99,12 @@ class RewardManager:
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(
+                self.num_workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=import_plugins,
+                initargs=(loaded_plugins(),),
+            )
         return self._pool
 
     def _log_errors(self, samples: list[RewardInput], results: list[ScoreResult]) -> None:

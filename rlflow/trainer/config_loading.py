@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import copy
+from typing import Any, Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from rlflow.config import ConfigError, validate_config
 from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.engines.registry import get_engine_cls
+from rlflow.utils.plugins import import_plugins
 
 # Where the `engine` group is mounted in each entry point's config.
 PPO_ENGINE_MOUNTS = ("actor.engine", "critic.engine", "ref.engine", "reward.reward_model.engine")
 SFT_ENGINE_MOUNTS = ("engine",)
 # Command-line shorthands each entry point expands (``entry.expand_group_shorthands``): mount key -> group.
 PPO_GROUP_SHORTHANDS = {mount: "engine" for mount in PPO_ENGINE_MOUNTS}  # actor.engine=fsdp
-SFT_GROUP_SHORTHANDS = {"data": "sft_data"}  # data=synthetic picks configs/sft_data/synthetic.yaml
+SFT_GROUP_SHORTHANDS = {"engine": "engine", "data": "sft_data"}  # data=synthetic picks configs/sft_data/synthetic.yaml
+# Keys naming plugins, in import order: rlflow's, then verl's spelling (merged into the first).
+PLUGIN_KEYS = ("trainer.plugins", "trainer.external_lib")
 
 
 def _engine_schema_resolver(path: str):
@@ -29,7 +33,31 @@ def _engine_schema_resolver(path: str):
     return resolve
 
 
+def _plugin_specs(cfg: DictConfig, key: str) -> list[str]:
+    value: Any = OmegaConf.select(cfg, key)
+    values = list(value) if isinstance(value, (ListConfig, list, tuple)) else [] if value is None else [value]
+    if not all(isinstance(spec, str) for spec in values):
+        raise ConfigError(f"config key '{key}': expected a module name or a path to a .py file (or a list of them), got {value!r}")
+    return values
+
+
+def import_configured_plugins(cfg: DictConfig) -> DictConfig:
+    """Import the plugins a raw (not yet validated) config names; validation may need what they register.
+
+    Returns a copy whose ``trainer.plugins`` lists every plugin imported (``.py`` paths made
+    absolute, ``trainer.external_lib`` merged in and set to null), which is what the worker
+    processes and ``torchrun`` ranks import in turn.
+    """
+    plugins = import_plugins([spec for key in PLUGIN_KEYS for spec in _plugin_specs(cfg, key)])
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        cfg.trainer.plugins = plugins
+        cfg.trainer.external_lib = None
+    return cfg
+
+
 def _load(cfg: DictConfig, schema: type, engine_mounts: tuple[str, ...]) -> DictConfig:
+    cfg = import_configured_plugins(cfg)
     return validate_config(cfg, schema, {path: _engine_schema_resolver(path) for path in engine_mounts})
 
 

@@ -15,17 +15,56 @@ from rlflow.utils.device import limit_cpu_threads
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 
 
+# The group whose options are registered classes: a registered engine needs no YAML of its own.
+ENGINE_GROUP = "engine"
+
+
+def _group_key(group: str, mount: str) -> str:
+    return group if mount == group else f"{group}@{mount}"
+
+
+def _is_option_name(value: str) -> bool:
+    return value.replace("_", "").isalnum()
+
+
+def _engine_pick(key: str, value: str, group_mounts: dict[str, str]) -> str | None:
+    """The mount whose engine ``key=value`` picks by name (``actor.engine=NAME``, ``actor.engine.name=NAME``)."""
+    mount = key.removesuffix(".name")
+    return mount if group_mounts.get(mount) == ENGINE_GROUP and _is_option_name(value) else None
+
+
 def expand_group_shorthands(argv: list[str], group_mounts: dict[str, str]) -> list[str]:
     """Let users write ``actor.engine=fsdp`` for Hydra's ``engine@actor.engine=fsdp``.
 
     ``group_mounts`` maps a mount key (``actor.engine``) to its group (``engine``).
     Only bare option names are rewritten; ``actor.engine.lr=1e-5`` is left alone.
+
+    ``actor.engine.name=NAME`` picks an engine just as ``actor.engine=NAME`` does (the last pick
+    of a mount wins). An engine without ``configs/engine/NAME.yaml`` (a plugin's) replaces the
+    mount's default YAML with nothing: the node holds ``name`` and the keys set on the command
+    line (force-added, ``++``), and the engine's config class supplies every other default when
+    the config is validated.
     """
-    expanded = []
+    picks = {}
     for arg in argv:
         key, sep, value = arg.partition("=")
-        if sep and key in group_mounts and value.replace("_", "").isalnum():
-            arg = f"{group_mounts[key]}@{key}={value}"
+        mount = _engine_pick(key, value, group_mounts) if sep else None
+        if mount is not None:
+            picks[mount] = value
+    yamlless = {m for m, name in picks.items() if not (Path(CONFIG_DIR) / ENGINE_GROUP / f"{name}.yaml").is_file()}
+    expanded = [f"~{_group_key(ENGINE_GROUP, mount)}" for mount in sorted(yamlless)]
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        mount = _engine_pick(key, value, group_mounts) if sep else None
+        under = next((m for m in yamlless if key.lstrip("+").startswith(f"{m}.")), None)
+        if mount in yamlless:
+            arg = f"++{mount}.name={picks[mount]}"
+        elif mount is not None:
+            arg = f"{_group_key(ENGINE_GROUP, mount)}={picks[mount]}"
+        elif sep and under is not None:
+            arg = f"++{arg.lstrip('+')}"
+        elif sep and key in group_mounts and _is_option_name(value):
+            arg = f"{_group_key(group_mounts[key], key)}={value}"
         expanded.append(arg)
     return expanded
 

@@ -1,7 +1,8 @@
 """``WorkerHost``: the Ray actor behind one bundle, hosting one or several (colocated) roles.
 
-The host sets the worker environment, joins torch.distributed before any role is built (so
-colocated roles share one process and one process group), runs each controller call, and turns
+The host sets the worker environment, imports the driver's plugins and joins torch.distributed
+before any role is built (so colocated roles share one process and one process group, and a
+role built from a plugin's classes finds them registered), runs each controller call, and turns
 any exception into a ``WorkerError`` carrying its rank, method and traceback.
 """
 
@@ -15,6 +16,7 @@ from typing import Any, Callable
 import ray
 import torch.distributed as dist
 
+from rlflow.utils.plugins import import_plugins
 from rlflow.workers.errors import worker_error_from
 from rlflow.workers.mesh import MeshInfo
 from rlflow.workers.worker import (
@@ -60,6 +62,10 @@ class WorkerHost:
             }
         )
         self._roles: dict[str, Any] = {}
+
+    def import_plugins(self, plugins: list[str]) -> list[str]:
+        """Import the driver's plugins (``trainer.plugins``); called before ``build`` unpickles any role argument."""
+        return self._guarded("import plugins", lambda: import_plugins(plugins))
 
     def offer_master_address(self) -> tuple[str, int]:
         """Rank 0's rendezvous address: this node's IP and a free port."""

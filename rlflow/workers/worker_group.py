@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ray
 
 from rlflow.protocol import DataProtoFuture
 from rlflow.utils.logging import get_logger
+from rlflow.utils.plugins import loaded_plugins
 from rlflow.workers.decorator import MethodSpec, registered_methods
 from rlflow.workers.dispatch import ONE_TO_ALL, RANK_ZERO, DispatchContext, get_dispatch_mode
 from rlflow.workers.errors import WorkerDiedError, WorkerError, WorkerTimeoutError, worker_error_from
@@ -162,7 +163,9 @@ class RayWorkerGroup:
     ``workers``: a ``WorkerSpec`` (or a bare class) for one role, or ``{role_name: WorkerSpec}``
     to colocate roles in every process; they share its torch.distributed group. Calls that find
     a dead worker raise ``WorkerDiedError``; a raising worker method raises ``WorkerError``; with
-    ``call_timeout_s`` set, a call that outlives it raises ``WorkerTimeoutError``.
+    ``call_timeout_s`` set, a call that outlives it raises ``WorkerTimeoutError``. Every process
+    imports ``plugins`` (default: the plugins this process imported, ``loaded_plugins()``) before
+    any role is built, so roles may be built from classes the plugins define and register.
     """
 
     def __init__(
@@ -173,6 +176,7 @@ class RayWorkerGroup:
         call_timeout_s: float | None = None,
         init_timeout_s: float = 600.0,
         dist_timeout_s: float = 600.0,
+        plugins: Sequence[str] | None = None,
     ):
         specs = _role_specs(workers)
         self.name = name
@@ -183,12 +187,12 @@ class RayWorkerGroup:
         self._roles = {role: RoleHandle(self, role, spec.cls) for role, spec in specs.items()}
         resource_pool.claim(name)
         try:
-            self._start(specs, init_timeout_s, dist_timeout_s)
+            self._start(specs, init_timeout_s, dist_timeout_s, list(loaded_plugins() if plugins is None else plugins))
         except BaseException:
             self.shutdown()
             raise
 
-    def _start(self, specs: dict[str, WorkerSpec], init_timeout_s: float, dist_timeout_s: float) -> None:
+    def _start(self, specs: dict[str, WorkerSpec], init_timeout_s: float, dist_timeout_s: float, plugins: list[str]) -> None:
         pool = self._pool
         host_cls = ray.remote(WorkerHost)
         for rank, slot in enumerate(pool.slots):
@@ -198,6 +202,8 @@ class RayWorkerGroup:
                     rank, pool.world_size, slot.local_rank, pool.device, pool.num_threads, dist_timeout_s
                 )
             )
+        if plugins:
+            gather({r: h.import_plugins.remote(plugins) for r, h in enumerate(self._hosts)}, "import_plugins", init_timeout_s)
         master = gather({0: self._hosts[0].offer_master_address.remote()}, "offer_master_address", init_timeout_s)[0]
         builds = {role: (spec.cls, spec.args, spec.kwargs) for role, spec in specs.items()}
         infos = gather({r: h.build.remote(*master, builds) for r, h in enumerate(self._hosts)}, "build", init_timeout_s)

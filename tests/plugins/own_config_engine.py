@@ -1,0 +1,49 @@
+"""A plugin engine whose config class is its own (a subclass of ``EngineConfig``, not of FSDP2's).
+
+The engine from docs/engines.md: one replicated module, gradients all-reduced by DDP. It has no
+YAML under configs/engine/, so ``engine.name=user_ddp`` composes a node of the command line's
+keys and ``UserDDPEngineConfig`` supplies every other default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from rlflow.engines.common.module_engine import ModuleEngine
+from rlflow.engines.config import EngineConfig
+from rlflow.engines.registry import EngineRegistry
+
+
+@dataclass
+class UserDDPEngineConfig(EngineConfig):
+    """The shared engine options plus DDP's bucket size."""
+
+    name: str = "user_ddp"
+    bucket_cap_mb: int = 25
+
+
+@EngineRegistry.register("user_ddp")
+class UserDDPEngine(ModuleEngine):
+    """Replicated model, gradients averaged by DDP."""
+
+    config_class = UserDDPEngineConfig
+    config: UserDDPEngineConfig
+
+    def _parallelize(self, module):
+        return DistributedDataParallel(module.to(self.device), bucket_cap_mb=self.config.bucket_cap_mb)
+
+    def _clip_grad_norm(self, max_norm):
+        return torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm).item()
+
+    def _iter_full_tensors(self):
+        for name, param in self.module.module.named_parameters():
+            yield name, param.detach()
+
+    def _move_module(self, device):
+        self.module.to(device)
+
+    def _layout(self):
+        return {"dp_replicate": self.world_size}
