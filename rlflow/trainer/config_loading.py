@@ -9,7 +9,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from rlflow.config import ConfigError, validate_config
 from rlflow.config.schema import PPOConfig, SFTConfig
-from rlflow.engines.registry import get_engine_cls
+from rlflow.engines.config import EngineConfigError
+from rlflow.engines.registry import EngineRegistry
 from rlflow.utils.plugins import import_plugins
 
 # Where the `engine` group is mounted in each entry point's config.
@@ -24,11 +25,10 @@ PLUGIN_KEYS = ("trainer.plugins", "trainer.external_lib")
 
 def _engine_schema_resolver(path: str):
     def resolve(node: DictConfig) -> type:
-        name = node.get("name")
         try:
-            return get_engine_cls(name).config_class
-        except (KeyError, ValueError) as error:
-            raise ConfigError(f"config key '{path}.name': {error}") from None
+            return EngineRegistry.get(str(node.get("name")), config_key=f"{path}.name").config_class
+        except EngineConfigError as error:
+            raise ConfigError(str(error)) from None
 
     return resolve
 

@@ -144,9 +144,13 @@ class Registry(Generic[T]):
         )
 
     # ------------------------------------------------------------------ looking up
-    def get(self, name: str | Enum) -> T:
-        """The object registered under ``name``; an unknown name raises ``self.error`` listing the names."""
-        return self._entries[self._resolve(as_name(name))]
+    def get(self, name: str | Enum, config_key: Optional[str] = None) -> T:
+        """The object registered under ``name``; an unknown name raises ``self.error`` listing the names.
+
+        ``config_key`` names the key the value came from when it is not the registry's default
+        one (an engine mounted at ``critic.engine``), so the message points at the right key.
+        """
+        return self._entries[self._resolve(as_name(name), config_key)]
 
     def metadata(self, name: str | Enum) -> dict[str, Any]:
         """The keyword arguments ``name`` was registered with (a copy)."""
@@ -157,13 +161,14 @@ class Registry(Generic[T]):
         discovered = self.discovery.names() if self.discovery is not None else ()
         return sorted(set(self._entries) | set(discovered))
 
-    def unknown_message(self, name: str) -> str:
+    def unknown_message(self, name: str, config_key: Optional[str] = None) -> str:
         """The one message for a name that is not registered."""
-        where = f" (config key {self.config_key})" if self.config_key else ""
+        key = config_key or self.config_key
+        where = f" (config key {key})" if key else ""
         hint = f"; {self.hint}" if self.hint else ""
         return f"unknown {self.kind} {name!r}{where}; registered: {', '.join(self.names()) or '(none)'}{hint}"
 
-    def _resolve(self, name: str) -> str:
+    def _resolve(self, name: str, config_key: Optional[str] = None) -> str:
         """The entry key that serves ``name``: the exact name (imported on demand), else the longest pattern."""
         if name not in self._entries and self.discovery is not None and name in self.discovery.names():
             self.discovery.load(name)
@@ -173,7 +178,7 @@ class Registry(Generic[T]):
             return name
         pattern = self._longest_pattern(name)
         if pattern is None:
-            raise self.error(self.unknown_message(name))
+            raise self.error(self.unknown_message(name, config_key))
         return pattern
 
     def _longest_pattern(self, name: str) -> Optional[str]:
