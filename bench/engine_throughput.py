@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM
 
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.engines import EngineRegistry, build_engine
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
@@ -74,7 +75,7 @@ def engine_step_fn(name: str, model_path: Path, batch: DataProto) -> Callable[[]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", default="small", help="preset size (rlflow.models.presets)")
+    parser.add_argument("--size", default="small", help="preset name (rlflow.models.presets.PRESETS)")
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
@@ -83,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     limit_cpu_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        model_path = build_preset(Path(tmp) / "model", size=args.size, seed=0)
+        model_path = build_preset(Path(tmp) / "model", tokenizer_corpus(), preset=args.size, seed=0)
         vocab = AutoModelForCausalLM.from_pretrained(model_path).config.vocab_size
         batch = make_batch(args.rows, args.seq_len, vocab)
         contenders = {"plain": plain_step_fn(model_path, batch)}

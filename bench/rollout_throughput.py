@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlflow.config.schema import RolloutConfig, SamplingConfig
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 from rlflow.rollout import build_rollout
@@ -85,7 +86,7 @@ def main() -> None:
     print(f"{'model':<6} {'backend':<7} {'seqs':>5} {'tokens':>7} {'start s':>8} {'gen s':>7} {'tok/s':>8} "
           f"{'sync MiB':>9} {'sync ms/MiB':>12}")
     for size in args.sizes:
-        model_path = build_preset(model_root / size, size=size, seed=0)
+        model_path = build_preset(model_root / size, tokenizer_corpus(), preset=size, seed=0)
         prompts = make_prompts(args.prompts, vocab=300)
         results = {}
         for backend in BACKENDS:

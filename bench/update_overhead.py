@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 from rlflow.roles.actor import Actor
@@ -115,7 +116,7 @@ def main() -> None:
 
     limit_cpu_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
-    model_path = build_preset(tmp / "model", size="tiny", seed=0)
+    model_path = build_preset(tmp / "model", tokenizer_corpus(), preset="tiny", seed=0)
     config = ppo_config(model_path, mini_rows, args.micro_batch_size, args.workers)
     vocab = AutoConfig.from_pretrained(model_path).vocab_size
     batch = make_rollout_batch(args.rows, args.prompt_len, args.response_len, vocab)

@@ -47,7 +47,7 @@ phase() {  # phase NAME COMMAND...: run one phase unless an earlier run finished
 }
 
 # 1. The model: a ~0.7M-parameter Qwen2-architecture LM with a locally trained tokenizer (an HF folder).
-phase preset python -m rlflow.models.presets --out "$OUT/model" --size tiny --seed "$SEED"
+phase preset python -m rlflow.data.presets --out "$OUT/model" --preset tiny --seed "$SEED"
 
 # 2. The task: chains of three one-digit additions/subtractions, "What is 7+5-3+8? Answer with the
 #    number after ####.", scored 1 when the number after #### is right. Writes train/val (RL

@@ -17,7 +17,7 @@ WORLD_SIZES=${WORLD_SIZES:-"1 2"}
 ENGINES=${ENGINES:-$($PY -c "from rlflow.engines import EngineRegistry; print(' '.join(EngineRegistry.names()))")}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
-$PY -m rlflow.models.presets --out "$OUT/model" --size tiny --seed 0
+$PY -m rlflow.data.presets --out "$OUT/model" --preset tiny --seed 0
 $PY -m rlflow.data.tasks --task addition --digits 2 --out "$OUT/data" --train 96 --val 24 --seed 0
 
 for engine in $ENGINES; do

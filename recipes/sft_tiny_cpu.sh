@@ -9,7 +9,7 @@
 #                       STEPS  optimizer steps              (default 200)
 #                       SEED   data-order seed              (default 0)
 # Build the inputs first, e.g.:
-#   python -m rlflow.models.presets --out outputs/demo/model --size tiny
+#   python -m rlflow.data.presets --out outputs/demo/model --preset tiny
 #   python -m rlflow.data.tasks --task chain_arith --digits 1 --num-ops 3 --train 8000 --val 256 --out outputs/demo/data
 set -euo pipefail
 MODEL=${MODEL:-outputs/demo/model}

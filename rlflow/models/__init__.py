@@ -1,1 +1,1 @@
-"""Models: the embedded tiny preset, the value-head model, and loaders for local HF checkpoint folders."""
+"""Models: the embedded presets (Qwen2, Qwen3, Llama), the value-head model, loaders for local HF folders."""

@@ -41,7 +41,7 @@ def require_folder(path: str | Path, what: str) -> Path:
     if not folder.is_dir():
         raise FileNotFoundError(
             f"{what} folder {str(folder)!r} does not exist or is not a directory; rlflow loads local Hugging Face "
-            "folders only (build the embedded one with `python -m rlflow.models.presets --out DIR`)"
+            "folders only (build an embedded preset with `python -m rlflow.data.presets --out DIR`)"
         )
     return folder
 

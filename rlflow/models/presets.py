@@ -1,116 +1,159 @@
-"""The embedded default model: a small Qwen2-architecture LM plus a locally trained tokenizer.
+"""The embedded models: small Qwen2, Qwen3 and Llama LMs plus a locally trained tokenizer.
 
-``build_preset(out_dir, size="tiny", seed=0)`` writes a normal Hugging Face folder
+``build_preset(out_dir, corpus, preset="tiny", seed=0)`` writes a normal Hugging Face folder
 (config.json, model.safetensors, generation_config.json, tokenizer files with a ChatML chat
 template) that ``AutoModelForCausalLM`` / ``AutoTokenizer`` and vLLM load like any checkpoint.
-Nothing is downloaded: the weights are a seeded random init and the tokenizer is trained here.
+Nothing is downloaded: the weights are a seeded random init and the tokenizer is trained here on
+``corpus`` (lines of text; rlflow's own is ``rlflow.data.tasks.corpus.tokenizer_corpus()``).
+Every preset shares that tokenizer; ``PRESETS`` names the architecture and shape of each.
 
 Choices:
-- Untied input/output embeddings (``tie_word_embeddings=False``): every engine, HF export and
-  weight-sync path then sees an explicit ``lm_head.weight`` with no tied-parameter special case.
-  It costs ``vocab x hidden`` parameters; pass ``tie_word_embeddings=True`` to change it.
-- ``head_dim = hidden_size / num_attention_heads`` in every named size (>= 32, which vLLM's CPU
-  attention supports).
-- Float32 weights; same seed and options give byte-identical ``model.safetensors`` and
-  ``tokenizer.json``.
+- ``tiny`` (the demo's model) keeps untied input/output embeddings, so every engine, HF export
+  and weight-sync path sees an explicit ``lm_head.weight``; the ``tiny-qwen2``/``tiny-qwen3``
+  presets tie them, as the small Qwen checkpoints do.
+- The ``tiny-*`` presets have 4 layers, which split evenly into 2 or 4 pipeline stages; any
+  preset takes ``num_hidden_layers=N`` (and the other ``PRESET_DEFAULTS`` fields) as an override.
+- ``head_dim`` >= 32 in every preset (the smallest vLLM's CPU attention supports).
+- Float32 weights; the same preset, seed, options and corpus give byte-identical
+  ``model.safetensors`` and ``tokenizer.json``.
 
-Command line: ``python -m rlflow.models.presets --out DIR [--size tiny] [--seed 0] [--overwrite]``.
+Command line (in the data layer, which supplies the corpus): ``python -m rlflow.data.presets``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import shutil
-import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import GenerationConfig
 
+from rlflow.models.preset_architectures import PRESET_ARCHITECTURES
 from rlflow.models.tokenizer_builder import IM_END, PAD_TOKEN, train_tokenizer
 
 PRESET_MARKER = "rlflow_preset.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", PRESET_MARKER)
+# Positive integer options; the model's vocab_size is checked by the tokenizer trainer.
+SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
 @dataclass(frozen=True)
-class PresetSize:
-    """The shape of one named preset size (a Qwen2 config's size fields)."""
+class Preset:
+    """One named preset: its architecture (a ``PRESET_ARCHITECTURES`` name) and shape."""
 
+    architecture: str
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
+    tie_word_embeddings: bool
 
 
-PRESET_SIZES: dict[str, PresetSize] = {
-    # ~0.7M parameters: unit tests, the CPU demo.
-    "tiny": PresetSize(128, 384, 3, 4, 2, 32),
+PRESETS: dict[str, Preset] = {
+    # ~0.7M parameters, 3 layers: the CPU demo and most unit tests. Its bytes are pinned by a test.
+    "tiny": Preset("qwen2", 128, 384, 3, 4, 2, 32, tie_word_embeddings=False),
     # ~3.3M parameters: a model that can learn the synthetic tasks in minutes on CPU.
-    "small": PresetSize(256, 768, 4, 8, 4, 32),
+    "small": Preset("qwen2", 256, 768, 4, 8, 4, 32, tie_word_embeddings=False),
     # ~25M parameters: benchmarks.
-    "25m": PresetSize(512, 1536, 8, 8, 4, 64),
+    "25m": Preset("qwen2", 512, 1536, 8, 8, 4, 64, tie_word_embeddings=False),
+    # 4 layers (2 or 4 pipeline stages), GQA 4:2, tiny widths: one per architecture.
+    "tiny-qwen2": Preset("qwen2", 128, 384, 4, 4, 2, 32, tie_word_embeddings=True),
+    "tiny-qwen3": Preset("qwen3", 128, 384, 4, 4, 2, 32, tie_word_embeddings=True),
+    "tiny-llama": Preset("llama", 128, 384, 4, 4, 2, 32, tie_word_embeddings=False),
 }
 
-# Config fields every size shares; each can be overridden by a keyword of build_preset.
-DEFAULT_CONFIG: dict[str, Any] = {
+# Config fields every preset shares; each can be overridden by a keyword of build_preset.
+PRESET_DEFAULTS: dict[str, Any] = {
     # Upper bound for the BPE trainer; the model's vocab_size is the trained tokenizer's exact
-    # length (about 350 here, as the corpus runs out of frequent pairs), so no logit is a
-    # token id that the tokenizer cannot decode.
+    # length (about 350 with rlflow's corpus, as it runs out of frequent pairs), so no logit is
+    # a token id that the tokenizer cannot decode.
     "vocab_size": 512,
     "max_position_embeddings": 2048,
     "rope_theta": 10000.0,
     "rms_norm_eps": 1e-6,
     "initializer_range": 0.02,
-    "tie_word_embeddings": False,
 }
 
 
-def preset_options(size: str = "tiny", **overrides: Any) -> dict[str, Any]:
-    """The full option dict for ``size`` with ``overrides`` applied; unknown names raise ValueError."""
-    if size not in PRESET_SIZES:
-        raise ValueError(f"unknown preset size {size!r}; sizes: {sorted(PRESET_SIZES)}")
-    options = {**dataclasses.asdict(PRESET_SIZES[size]), **DEFAULT_CONFIG}
+def preset_options(preset: str = "tiny", **overrides: Any) -> dict[str, Any]:
+    """The full option dict of ``preset`` with ``overrides`` applied; bad names or shapes raise ValueError."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; presets: {sorted(PRESETS)}")
+    options = {**dataclasses.asdict(PRESETS[preset]), **PRESET_DEFAULTS}
     unknown = sorted(set(overrides) - set(options))
     if unknown:
         raise ValueError(f"unknown preset option(s) {unknown}; options: {sorted(options)}")
     options.update(overrides)
+    _check_options(options)
     return options
 
 
-def build_preset(
-    out_dir: str | Path, size: str = "tiny", seed: int = 0, overwrite: bool = False, **overrides: Any
-) -> Path:
-    """Build the preset into ``out_dir`` and return its path.
+def _check_options(options: dict[str, Any]) -> None:
+    PRESET_ARCHITECTURES.get(options["architecture"])
+    for name in SHAPE_FIELDS:
+        value = options[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"preset option {name} must be a positive integer, got {value!r}")
+    if options["num_attention_heads"] % options["num_key_value_heads"]:
+        raise ValueError(f"num_attention_heads ({options['num_attention_heads']}) must be a multiple of "
+                         f"num_key_value_heads ({options['num_key_value_heads']})")
 
-    ``overrides`` replace fields of the size (``hidden_size``, ``num_hidden_layers``, ...) or
-    of ``DEFAULT_CONFIG``. An existing folder built with the same spec is returned unchanged
-    unless ``overwrite``; one built with a different spec, or a non-empty folder that is not a
-    preset, raises ``FileExistsError``. The folder is written to a temp dir and renamed into place.
+
+def build_preset(
+    out_dir: str | Path,
+    corpus: Iterable[str],
+    preset: str = "tiny",
+    seed: int = 0,
+    overwrite: bool = False,
+    **overrides: Any,
+) -> Path:
+    """Build ``preset`` into ``out_dir``, its tokenizer trained on ``corpus``, and return the path.
+
+    ``overrides`` replace fields of the preset (``architecture``, ``num_hidden_layers``, ...) or
+    of ``PRESET_DEFAULTS``. An existing folder built with the same preset, seed, options and
+    corpus is returned unchanged unless ``overwrite``; one built otherwise, or a non-empty folder
+    that is not a preset, raises ``FileExistsError``. The folder is written to a temp dir and
+    renamed into place.
     """
     out = Path(out_dir)
-    spec = {"size": size, "seed": seed, "options": preset_options(size, **overrides)}
+    lines = list(corpus)
+    if not lines:
+        raise ValueError("the tokenizer corpus is empty; pass lines of text, e.g. "
+                         "rlflow.data.tasks.corpus.tokenizer_corpus()")
+    spec = {"preset": preset, "seed": seed, "options": preset_options(preset, **overrides),
+            "corpus_sha256": corpus_fingerprint(lines)}
     if not overwrite and _reuse_existing(out, spec):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         tmp.chmod(0o755)
-        _write_preset(tmp, spec)
+        _write_preset(tmp, spec, lines)
         _replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def corpus_fingerprint(lines: Iterable[str]) -> str:
+    """SHA-256 of the corpus lines (each line's bytes followed by a NUL)."""
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode("utf-8") + b"\0")
+    return digest.hexdigest()
 
 
 def count_saved_parameters(folder: str | Path) -> int:
@@ -134,21 +177,17 @@ def _reuse_existing(out: Path, spec: dict[str, Any]) -> bool:
     return True
 
 
-def _write_preset(folder: Path, spec: dict[str, Any]) -> None:
+def _write_preset(folder: Path, spec: dict[str, Any], corpus: list[str]) -> None:
     options = dict(spec["options"])
-    tokenizer = train_tokenizer(vocab_size=options["vocab_size"], model_max_length=options["max_position_embeddings"])
+    build_model = PRESET_ARCHITECTURES.get(options.pop("architecture"))
+    tokenizer = train_tokenizer(corpus, vocab_size=options["vocab_size"],
+                                model_max_length=options["max_position_embeddings"])
     options["vocab_size"] = len(tokenizer)
     eos_id, pad_id = tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    config = Qwen2Config(
-        **options,
-        bos_token_id=None,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        use_sliding_window=False,
-    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec["seed"])
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = build_model({**options, "bos_token_id": None, "eos_token_id": eos_id, "pad_token_id": pad_id})
+        model = model.to(torch.float32)
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None)
     model.save_pretrained(folder)
     # The chat template goes inside tokenizer_config.json (readable by every transformers version).
@@ -158,7 +197,12 @@ def _write_preset(folder: Path, spec: dict[str, Any]) -> None:
 
 
 def _set_tokenizer_class(tokenizer_config: Path, class_name: str) -> None:
-    """Name the tokenizer class that transformers 4 and 5 both map to a tokenizer.json-backed class."""
+    """Name the tokenizer class that transformers 4 and 5 both map to a tokenizer.json-backed class.
+
+    Every architecture's folder names ``Qwen2Tokenizer``: the tokenizer is Qwen2's byte-level BPE
+    whatever the model, and ``LlamaTokenizer`` would rebuild a different (SentencePiece-style)
+    pre-tokenizer.
+    """
     data = json.loads(tokenizer_config.read_text())
     data["tokenizer_class"] = class_name
     tokenizer_config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -175,22 +219,6 @@ def _replace_dir(new: Path, out: Path) -> None:
         os.replace(new, out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry: build a preset and print its parameter count and path."""
-    parser = argparse.ArgumentParser(prog="python -m rlflow.models.presets", description="Build the embedded preset model.")
-    parser.add_argument("--out", required=True, help="output folder (a Hugging Face checkpoint folder)")
-    parser.add_argument("--size", default="tiny", choices=sorted(PRESET_SIZES), help="named size")
-    parser.add_argument("--seed", type=int, default=0, help="weight-init seed")
-    parser.add_argument("--overwrite", action="store_true", help="rebuild even if the folder exists")
-    args = parser.parse_args(argv)
-    try:
-        path = build_preset(args.out, size=args.size, seed=args.seed, overwrite=args.overwrite)
-    except (FileExistsError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"preset size={args.size} seed={args.seed} params={count_saved_parameters(path):,} path={path}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    # The command moved with the corpus it needs; say so instead of exiting 0 having built nothing.
+    raise SystemExit("error: build presets with `python -m rlflow.data.presets --out DIR [--preset NAME]`")

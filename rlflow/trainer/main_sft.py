@@ -21,6 +21,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from rlflow.config import ConfigError
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.ensure import ensure_model
 from rlflow.roles.sft_worker import SFTWorker
 from rlflow.trainer.config_loading import SFT_GROUP_SHORTHANDS, load_sft_config
@@ -49,7 +50,7 @@ def _tracking(config: DictConfig, run: SFTRun) -> Tracking:
 def launch_ray(config: DictConfig) -> History:
     """Controller in this process, one Ray actor per worker rank."""
     trainer = config.trainer
-    model_path = ensure_model(config.model)
+    model_path = ensure_model(config.model, tokenizer_corpus())
     run = prepare_sft_run(config, model_path)
     init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir)
     group = None
@@ -78,7 +79,7 @@ def launch_torchrun(config: DictConfig) -> History:
     is_driver = dist.get_rank() == 0
     try:
         if is_driver:
-            ensure_model(config.model)
+            ensure_model(config.model, tokenizer_corpus())
         dist.barrier()
         model_path = config.model.path
         run = prepare_sft_run(config, model_path)

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rlflow.config import ConfigError
 from rlflow.data.rl_dataset import build_rl_loader
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.ensure import ensure_model
 from rlflow.models.loading import load_tokenizer
 from rlflow.protocol import DataProto
@@ -61,7 +62,7 @@ class PPOTrainer:
         self.use_critic = _needs(algo.adv_estimator, "values")
         self.use_ref = bool(algo.use_kl_in_reward or config.actor.use_kl_loss)
         self.needs_greedy_baseline = _needs(algo.adv_estimator, "reward_baselines")
-        self.model_path = ensure_model(config.model)
+        self.model_path = ensure_model(config.model, tokenizer_corpus())
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or self.model_path)
         self.train_loader = build_rl_loader(config.data, self.tokenizer, "train")
         self.val_loader = build_rl_loader(config.data, self.tokenizer, "val") if config.data.val_files else None

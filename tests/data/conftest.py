@@ -10,13 +10,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.tokenizer_builder import train_tokenizer
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
     """The tiny preset's tokenizer (byte-level BPE with the Qwen-style chat template), trained offline."""
-    return train_tokenizer()
+    return train_tokenizer(tokenizer_corpus())
 
 
 def _write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 
@@ -35,7 +36,7 @@ REFERENCE_LRS = [LR * 1.0, LR * 1.0, LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.
 
 
 def build_test_model(folder: Path) -> Path:
-    return build_preset(folder, size="tiny", seed=0, **TEST_MODEL_OPTIONS)
+    return build_preset(folder, tokenizer_corpus(), preset="tiny", seed=0, **TEST_MODEL_OPTIONS)
 
 
 def engine_config(name: str, **overrides: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlflow.data.tasks import build_task, write_task_files
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import build_preset
 from rlflow.trainer.config_loading import compose_ppo_config
 
@@ -21,7 +22,7 @@ DIGIT_REWARD = Path(__file__).resolve().parent / "digit_reward.py"
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    return build_preset(tmp_path_factory.mktemp("model") / "tiny", size="tiny", seed=0)
+    return build_preset(tmp_path_factory.mktemp("model") / "tiny", tokenizer_corpus(), preset="tiny", seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.tokenizer_builder import train_tokenizer
 from rlflow.rewards import REWARD_REGISTRY
 
@@ -11,7 +12,7 @@ from rlflow.rewards import REWARD_REGISTRY
 @pytest.fixture(scope="session")
 def tokenizer():
     """The tiny preset's tokenizer, trained offline."""
-    return train_tokenizer()
+    return train_tokenizer(tokenizer_corpus())
 
 
 @pytest.fixture

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from rlflow.models.loading import load_causal_lm, load_tokenizer
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import build_preset
 
 
 @pytest.fixture(scope="session")
 def tiny_path(tmp_path_factory):
-    return build_preset(tmp_path_factory.mktemp("rollout-preset") / "tiny", size="tiny", seed=0)
+    return build_preset(tmp_path_factory.mktemp("rollout-preset") / "tiny", tokenizer_corpus(), preset="tiny", seed=0)
 
 
 @pytest.fixture(scope="session")

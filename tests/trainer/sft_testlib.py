@@ -29,6 +29,7 @@ import torch.multiprocessing as mp
 from omegaconf import DictConfig
 
 from rlflow.data.tasks import build_task, write_task_files
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import build_preset
 from rlflow.trainer.config_loading import compose_sft_config
 
@@ -54,7 +55,7 @@ class SFTAssets:
 def sft_assets() -> SFTAssets:
     root = Path(tempfile.mkdtemp(prefix="rlflow-sft-tests-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    model = build_preset(root / "tiny", size="tiny", seed=0)
+    model = build_preset(root / "tiny", tokenizer_corpus(), preset="tiny", seed=0)
     task = build_task("addition", **TASK_OPTIONS)
     data = write_task_files(task, root / "addition_small", n_train=96, n_val=24, seed=0)
     full_data = write_task_files(task, root / "addition", **FULL_SPLITS, seed=0)

@@ -18,7 +18,7 @@ import tempfile
 import pytest
 from sft_testlib import run_main_sft, sft_assets
 
-from rlflow.trainer import evaluate
+from rlflow.observability import evaluate
 from rlflow.observability.evaluate import evaluate_greedy_accuracy
 
 STEPS = 650

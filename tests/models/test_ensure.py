@@ -1,0 +1,41 @@
+"""ensure_model: builds the configured preset from the corpus it is given, or checks the folder; one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlflow.config.schema import ModelConfig
+from rlflow.data.tasks.corpus import tokenizer_corpus
+from rlflow.errors import UserError
+from rlflow.models.ensure import ModelFolderError, ensure_model
+
+
+def _unread_corpus():
+    raise AssertionError("the corpus was read although no preset is built")
+    yield  # pragma: no cover  (makes this a generator)
+
+
+def test_builds_the_preset_when_missing_then_reuses_it(tmp_path):
+    config = ModelConfig(path=str(tmp_path / "model"), preset="tiny-qwen3", preset_seed=2)
+    path = ensure_model(config, tokenizer_corpus())
+    marker = json.loads((path / "rlflow_preset.json").read_text())
+    assert (marker["preset"], marker["seed"], marker["options"]["architecture"]) == ("tiny-qwen3", 2, "qwen3")
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert ensure_model(config, tokenizer_corpus()) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_without_a_preset_the_folder_must_exist_and_the_corpus_is_not_read(tmp_path):
+    with pytest.raises(ModelFolderError, match="^model.path: model folder .* does not exist"):
+        ensure_model(ModelConfig(path=str(tmp_path / "nowhere"), preset=None), _unread_corpus())
+
+
+def test_preset_errors_name_the_preset_in_one_line(tmp_path):
+    with pytest.raises(ModelFolderError, match="^model.preset='huge': unknown preset 'huge'; presets: ") as error:
+        ensure_model(ModelConfig(path=str(tmp_path / "a"), preset="huge"), tokenizer_corpus())
+    assert isinstance(error.value, UserError) and "\n" not in str(error.value)
+    ensure_model(ModelConfig(path=str(tmp_path / "b"), preset="tiny"), tokenizer_corpus())
+    with pytest.raises(ModelFolderError, match="^model.preset='tiny-llama': .* holds a preset built with .*overwrite"):
+        ensure_model(ModelConfig(path=str(tmp_path / "b"), preset="tiny-llama"), tokenizer_corpus())
