@@ -170,11 +170,23 @@ def _reuse_existing(out: Path, spec: dict[str, Any]) -> bool:
     if missing:
         raise FileExistsError(f"{out} exists but is not a complete preset (missing {missing}); pass overwrite=True "
                               "(--overwrite) to replace it, or choose another folder")
-    built = json.loads((out / PRESET_MARKER).read_text())
+    built = _with_recorded_defaults(json.loads((out / PRESET_MARKER).read_text()), spec)
     if built != spec:
         raise FileExistsError(f"{out} holds a preset built with {built}, not the requested {spec}; pass "
                               "overwrite=True (--overwrite) to rebuild it")
     return True
+
+
+def _with_recorded_defaults(built: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """A marker written before the architecture and the corpus were recorded, read as the build it was.
+
+    Such folders were all Qwen2 and built from the default task corpus, which ``spec`` names
+    when the caller passes that corpus, so a folder from an earlier rlflow is reused, not refused.
+    """
+    if "corpus_sha256" in built:
+        return built
+    options = {"architecture": "qwen2", **built.get("options", {})}
+    return {**built, "options": options, "corpus_sha256": spec["corpus_sha256"]}
 
 
 def _write_preset(folder: Path, spec: dict[str, Any], corpus: list[str]) -> None:

@@ -135,6 +135,19 @@ def test_existing_folder_is_reused_refused_or_overwritten(tmp_path):
         build_preset(tmp_path / "empty", [])
 
 
+def test_a_folder_built_before_the_marker_recorded_architecture_and_corpus_is_reused(tmp_path):
+    out = build_preset(tmp_path / "p", tokenizer_corpus(), seed=0)
+    marker = out / "rlflow_preset.json"
+    old = json.loads(marker.read_text())
+    del old["corpus_sha256"], old["options"]["architecture"]
+    marker.write_text(json.dumps(old))
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert build_preset(out, tokenizer_corpus(), seed=0) == out
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+    with pytest.raises(FileExistsError, match="overwrite"):  # still refused when the options differ
+        build_preset(out, tokenizer_corpus(), seed=1)
+
+
 def test_presets_are_a_registry_with_keyword_overrides(tmp_path):
     assert {"tiny", "small", "25m", "tiny-qwen2", "tiny-qwen3", "tiny-llama"} <= set(PRESETS)
     options = preset_options("small", num_hidden_layers=1)
