@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
+from rlflow.algos import agg_loss, compute_value_loss, get_policy_loss_fn, kl_penalty, masked_mean
 from rlflow.engines.base import LossContext, LossFn
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import response_length, response_slice, state_values_slice
-from rlflow.algos import agg_loss, compute_value_loss, get_policy_loss_fn, kl_penalty, masked_mean
 
 
 def global_batch_info(ctx: LossContext) -> dict[str, int]:

@@ -17,10 +17,10 @@ from typing import Any, Mapping
 
 import torch
 
+from rlflow.algos import agg_loss
 from rlflow.engines import LossContext
 from rlflow.protocol import DataProto
 from rlflow.roles.engine_role import EngineRole
-from rlflow.algos import agg_loss
 from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
 
 SFT_MESH = "sft"

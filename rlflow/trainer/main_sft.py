@@ -23,13 +23,13 @@ from omegaconf import DictConfig
 from rlflow.config import ConfigError
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.ensure import ensure_model
+from rlflow.observability.tracking import Tracking
 from rlflow.roles.sft_worker import SFTWorker
 from rlflow.trainer.config_loading import SFT_GROUP_SHORTHANDS, load_sft_config
 from rlflow.trainer.entry import run_hydra_entry
-from rlflow.workers.local_group import LocalWorkerGroup
 from rlflow.trainer.sft_trainer import SFTRun, SFTTrainer, prepare_sft_run
-from rlflow.observability.tracking import Tracking
 from rlflow.workers import RayWorkerGroup, ResourcePool, WorkerSpec, init_ray, shutdown_ray
+from rlflow.workers.local_group import LocalWorkerGroup
 from rlflow.workers.worker import ENV_DEVICE, WorkerContext, setup_worker_process
 
 History = list[dict[str, Any]]

@@ -7,8 +7,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from rlflow.protocol import DataProto
 from rlflow.algos import masked_mean
+from rlflow.protocol import DataProto
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:

@@ -15,22 +15,22 @@ from typing import Any, Iterator, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from rlflow.algos import apply_kl_penalty, compute_advantage, get_adv_estimator_fn, get_kl_controller
 from rlflow.config import ConfigError
 from rlflow.data.rl_dataset import build_rl_loader
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.ensure import ensure_model
 from rlflow.models.loading import load_tokenizer
+from rlflow.observability.tracking import Tracking
 from rlflow.protocol import DataProto
 from rlflow.rewards.manager import RewardManager
 from rlflow.rollout import rollout_mismatch_metrics
 from rlflow.trainer.batch_balance import balance_batch
 from rlflow.trainer.checkpoint import CheckpointManager
-from rlflow.algos import apply_kl_penalty, compute_advantage, get_adv_estimator_fn, get_kl_controller
 from rlflow.trainer.placement import PlacedRoles, place_roles
 from rlflow.trainer.ppo_metrics import data_metrics, throughput_metrics, validation_metrics
-from rlflow.observability.tracking import Tracking
-from rlflow.utils.metric_values import mean_per_key
 from rlflow.utils.logging import get_logger
+from rlflow.utils.metric_values import mean_per_key
 from rlflow.utils.seed import get_rng_state, set_rng_state, set_seed
 from rlflow.utils.timer import timed
 from rlflow.workers import init_ray, shutdown_ray

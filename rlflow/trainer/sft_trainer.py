@@ -28,10 +28,10 @@ from rlflow.data.files import resolve_files
 from rlflow.data.sampler import BatchLoader, build_loader
 from rlflow.data.sft_dataset import SFTDataset, build_sft_loader
 from rlflow.models.loading import load_tokenizer
+from rlflow.observability.tracking import Tracking
 from rlflow.protocol import DataProto
 from rlflow.roles.sft_worker import SFT_MESH
 from rlflow.trainer.checkpoint import PARTIAL_SUFFIX, CheckpointManager
-from rlflow.observability.tracking import Tracking
 from rlflow.utils.logging import get_logger
 from rlflow.workers import MeshTable
 
