@@ -3,7 +3,8 @@
 #   make demo      install if needed, then the main job: SFT + GRPO on a tiny model (recipes/demo.sh)
 #   make test      install if needed, then the test suite (tests marked `full` deselected: CI's tier)
 #   make test-full install if needed, then every test, the `full` tier included
-#   make bench     install if needed, then the benchmarks under bench/
+#   make bench     install if needed, then the benchmarks under bench/ (all but the soak)
+#   make soak      install if needed, then 100 GRPO steps recording every process's memory (bench/soak.py)
 # DEVICE=cpu|cuda overrides the detection (nvidia-smi listing a GPU means cuda).
 
 SHELL := /bin/bash
@@ -26,7 +27,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # transformers' Qwen2 on CPU, and text generation needs none of them.
 CPU_UNWANTED := torchvision torchaudio torchcodec
 
-.PHONY: install demo test test-full bench clean-venv
+.PHONY: install demo test test-full bench soak clean-venv
 
 install: $(STAMP)
 
@@ -53,8 +54,14 @@ test: install
 test-full: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The soak is long (100 steps) and has its own target.
+BENCHES := $(filter-out bench/soak.py,$(wildcard bench/*.py))
+
 bench: install
-	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
+	@set -e; for script in $(BENCHES); do echo "== $$script"; $(PY) $$script; done
+
+soak: install
+	$(PY) bench/soak.py
 
 clean-venv:
 	rm -rf $(VENV)

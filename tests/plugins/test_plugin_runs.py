@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 
 from rlflow.data.tasks import build_task, write_task_files
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import build_preset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     files = write_task_files(build_task("addition", digits=2), root / "data", n_train=16, n_val=4, seed=0)
     rl_train = pd.read_parquet(files["train"]).assign(data_source=REWARD_SOURCE)  # scored by the plugin's reward
     rl_train.to_parquet(root / "data" / "user_train.parquet")
-    model = build_preset(root / "tiny", size="tiny", seed=0)
+    model = build_preset(root / "tiny", tokenizer_corpus(), preset="tiny", seed=0)
     return {"model": model, "rl_train": root / "data" / "user_train.parquet", "sft_train": files["sft_train"]}
 
 
