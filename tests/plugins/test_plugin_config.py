@@ -69,4 +69,4 @@ def test_name_override_picks_a_builtin_engine_with_its_yaml():
 
 def test_unknown_engine_without_plugin_lists_registered_engines():
     message = config_error(compose_ppo_config, ["actor.engine=user_fsdp3"])
-    assert "'actor.engine.name'" in message and "user_fsdp3" in message and "fsdp2" in message
+    assert "(config key actor.engine.name)" in message and "user_fsdp3" in message and "fsdp2" in message
