@@ -16,11 +16,11 @@ from typing import Any, Optional
 class ModelConfig:
     """Which HF checkpoint folder every role loads (the tiny preset by default)."""
 
-    path: str = "outputs/models/tiny"
-    preset: Optional[str] = "tiny"  # build this preset into `path` if the folder is missing; null: never build
+    path: Optional[str] = None  # an existing HF folder, never created; null: the preset's own folder (configs/model/tiny.yaml)
+    preset: Optional[str] = "tiny"  # with path null: build this preset into outputs/models/<preset> on first use
     preset_seed: int = 0
     tokenizer_path: Optional[str] = None  # defaults to `path`
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # every HF load (engines, rollout, tokenizers) may run code shipped in the folder
 
 
 @dataclass
@@ -140,6 +140,7 @@ class RolloutConfig:
     prompt_overflow: str = "error"  # error | truncate_left
     num_replicas: int = 0  # 0: one per actor DP rank (colocated); >0: a split rollout pool
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
+    trust_remote_code: bool = False  # model and tokenizer loads may run code shipped in the folder (YAML: model.trust_remote_code)
     val_kwargs: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=1, temperature=0.0, do_sample=False))
 
 

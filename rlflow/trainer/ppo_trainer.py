@@ -63,7 +63,7 @@ class PPOTrainer:
         self.use_ref = bool(algo.use_kl_in_reward or config.actor.use_kl_loss)
         self.needs_greedy_baseline = _needs(algo.adv_estimator, "reward_baselines")
         self.model_path = ensure_model(config.model, tokenizer_corpus())
-        self.tokenizer = load_tokenizer(config.model.tokenizer_path or self.model_path)
+        self.tokenizer = load_tokenizer(config.model.tokenizer_path or self.model_path, config.model.trust_remote_code)
         self.train_loader = build_rl_loader(config.data, self.tokenizer, "train")
         self.val_loader = build_rl_loader(config.data, self.tokenizer, "val") if config.data.val_files else None
         self.total_steps = config.trainer.total_training_steps or len(self.train_loader) * config.trainer.total_epochs

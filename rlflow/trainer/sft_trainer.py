@@ -85,7 +85,7 @@ def prepare_sft_run(config: DictConfig, model_path: Path) -> SFTRun:
     resolve_files(list(data.train_files))  # a missing file is reported before the tokenizer loads
     if data.val_files:
         resolve_files(list(data.val_files))
-    tokenizer = load_tokenizer(config.model.tokenizer_path or model_path)
+    tokenizer = load_tokenizer(config.model.tokenizer_path or model_path, config.model.trust_remote_code)
     train_loader = build_sft_loader(data, tokenizer, "train")
     val_loader = None
     if data.val_files:
