@@ -183,6 +183,7 @@ class RewardConfig:
     custom_function: Optional[str] = None  # path/to/file.py:fn or module.path:fn
     num_workers: int = 0  # >0: score in a pool of worker processes
     error_score: float = 0.0  # score given when a reward function raises or returns non-finite
+    max_error_fraction: float = 0.5  # abort when more of a training batch got error_score (rlflow/trainer/divergence.py)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
 
@@ -209,6 +210,7 @@ class RunConfig:
     resume_mode: str = "auto"  # auto | disable | path
     resume_from_path: Optional[str] = None
     max_ckpt_to_keep: Optional[int] = None
+    max_consecutive_skipped_steps: int = 5  # abort after this many non-finite-gradient steps in a row; 0: never
     export_hf_dir: Optional[str] = None  # null: <default_local_dir>/hf
     plugins: list[str] = field(default_factory=list)  # modules / .py files every process imports first (docs/config.md)
     external_lib: Any = None  # verl's spelling: a module or file, or a list; merged into `plugins` at start-up

@@ -32,6 +32,7 @@ from rlflow.observability.tracking import Tracking
 from rlflow.protocol import DataProto
 from rlflow.roles.sft_worker import SFT_MESH
 from rlflow.trainer.checkpoint import PARTIAL_SUFFIX, CheckpointManager
+from rlflow.trainer.divergence import DivergenceGuard
 from rlflow.utils.logging import get_logger
 from rlflow.workers import MeshTable
 
@@ -141,6 +142,7 @@ class SFTTrainer:
                 f"{self.dp_size} (trainer.nnodes x trainer.n_procs_per_node / model-parallel size)"
             )
         self.checkpoints = CheckpointManager(self.trainer_config.default_local_dir, self.trainer_config.max_ckpt_to_keep)
+        self.guard = DivergenceGuard.from_config(config)
         self.global_step = 0
         self.history: list[dict[str, Any]] = []
 
@@ -182,6 +184,7 @@ class SFTTrainer:
             "train/grad_norm": optim_metrics["grad_norm"],
             "train/lr": optim_metrics["lr"],
             "train/skipped_steps": optim_metrics["skipped_steps"],
+            **self.guard.check_optim_step("train", bool(optim_metrics["skipped"])),
             "train/epoch": (self.global_step - 1) // len(self.train_loader),
             "timing_s/step": elapsed,
             "perf/throughput": float(batch.batch["attention_mask"].sum()) / elapsed,
