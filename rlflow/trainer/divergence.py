@@ -63,8 +63,8 @@ class DivergenceGuard:
         if fraction > self.max_error_fraction:
             raise DivergenceError(
                 f"{errors} of {total} samples in this batch ({fraction:.0%}) could not be scored by the {scorer} and got "
-                f"reward.error_score, more than {ERROR_FRACTION_KEY}={self.max_error_fraction}; fix the {scorer} (the "
-                f"first failures are logged above) or raise the limit"
+                f"reward.error_score, more than {ERROR_FRACTION_KEY}={self.max_error_fraction}; fix the {scorer} or "
+                f"raise the limit"
             )
         return {"reward/error_fraction": fraction}
 

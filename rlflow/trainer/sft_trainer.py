@@ -10,14 +10,15 @@ this loop (the group calls are collective) and only the driver (rank 0) logs and
 driver state.
 
 ``prepare_sft_run`` does the launcher-independent set-up: tokenizer, loaders (every data error
-surfaces here, before any worker starts) and the engine config the workers build.
+surfaces here, before any worker starts), the engine config the workers build and the divergence
+guard (``rlflow.trainer.divergence``: a run of non-finite-gradient steps stops the run).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol
 
@@ -67,6 +68,7 @@ class SFTRun:
     val_loader: Optional[BatchLoader]
     engine_config: dict[str, Any]
     total_steps: int
+    guard: DivergenceGuard = field(default_factory=DivergenceGuard)  # trainer.max_consecutive_skipped_steps
 
 
 def total_training_steps(trainer_config: Any, steps_per_epoch: int) -> int:
@@ -99,7 +101,7 @@ def prepare_sft_run(config: DictConfig, model_path: Path) -> SFTRun:
     schedule = engine_config.setdefault("lr_scheduler", {})
     if not schedule.get("total_steps"):
         schedule["total_steps"] = total_steps  # decaying schedules span the run unless told otherwise
-    return SFTRun(train_loader, val_loader, engine_config, total_steps)
+    return SFTRun(train_loader, val_loader, engine_config, total_steps, DivergenceGuard.from_config(config))
 
 
 def pad_batch_without_loss(batch: DataProto, divisor: int) -> DataProto:
@@ -142,7 +144,7 @@ class SFTTrainer:
                 f"{self.dp_size} (trainer.nnodes x trainer.n_procs_per_node / model-parallel size)"
             )
         self.checkpoints = CheckpointManager(self.trainer_config.default_local_dir, self.trainer_config.max_ckpt_to_keep)
-        self.guard = DivergenceGuard.from_config(config)
+        self.guard = run.guard
         self.global_step = 0
         self.history: list[dict[str, Any]] = []
 
