@@ -16,7 +16,7 @@ from typing import Any, Optional
 class ModelConfig:
     """Which HF checkpoint folder every role loads (the tiny preset by default)."""
 
-    path: Optional[str] = None  # an existing HF folder, never created; null: the preset's own folder (configs/model/tiny.yaml)
+    path: Optional[str] = None  # an existing HF folder (never created); null: the preset's own folder
     preset: Optional[str] = "tiny"  # with path null: build this preset into outputs/models/<preset> on first use
     preset_seed: int = 0
     tokenizer_path: Optional[str] = None  # defaults to `path`
@@ -140,7 +140,7 @@ class RolloutConfig:
     prompt_overflow: str = "error"  # error | truncate_left
     num_replicas: int = 0  # 0: one per actor DP rank (colocated); >0: a split rollout pool
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
-    trust_remote_code: bool = False  # model and tokenizer loads may run code shipped in the folder (YAML: model.trust_remote_code)
+    trust_remote_code: bool = False  # loads may run code shipped in the folder (YAML: model's)
     val_kwargs: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=1, temperature=0.0, do_sample=False))
 
 

@@ -28,7 +28,8 @@ def _unread_corpus():
 
 def test_a_mistyped_path_with_the_default_preset_fails_and_creates_nothing(tmp_path):
     typo = tmp_path / "models" / "qwen-7B"
-    with pytest.raises(ModelFolderError, match=r"^model.path: model folder '.*qwen-7B' does not exist; rlflow never creates") as error:
+    message = r"^model.path: model folder '.*qwen-7B' does not exist; rlflow never creates"
+    with pytest.raises(ModelFolderError, match=message) as error:
         ensure_model(ModelConfig(path=str(typo), preset="tiny"), _unread_corpus())
     assert "\n" not in str(error.value)
     assert not typo.exists() and not typo.parent.exists()
