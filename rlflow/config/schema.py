@@ -16,11 +16,11 @@ from typing import Any, Optional
 class ModelConfig:
     """Which HF checkpoint folder every role loads (the tiny preset by default)."""
 
-    path: str = "outputs/models/tiny"
-    preset: Optional[str] = "tiny"  # build this preset into `path` if the folder is missing; null: never build
+    path: Optional[str] = None  # an existing HF folder (never created); null: the preset's own folder
+    preset: Optional[str] = "tiny"  # with path null: build this preset into outputs/models/<preset> on first use
     preset_seed: int = 0
     tokenizer_path: Optional[str] = None  # defaults to `path`
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # every HF load (engines, rollout, tokenizers) may run code shipped in the folder
 
 
 @dataclass
@@ -140,6 +140,7 @@ class RolloutConfig:
     prompt_overflow: str = "error"  # error | truncate_left
     num_replicas: int = 0  # 0: one per actor DP rank (colocated); >0: a split rollout pool
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
+    trust_remote_code: bool = False  # loads may run code shipped in the folder (YAML: model's)
     val_kwargs: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=1, temperature=0.0, do_sample=False))
 
 
@@ -182,6 +183,7 @@ class RewardConfig:
     custom_function: Optional[str] = None  # path/to/file.py:fn or module.path:fn
     num_workers: int = 0  # >0: score in a pool of worker processes
     error_score: float = 0.0  # score given when a reward function raises or returns non-finite
+    max_error_fraction: float = 0.5  # abort when more of a training batch got error_score (rlflow/trainer/divergence.py)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
 
@@ -208,6 +210,7 @@ class RunConfig:
     resume_mode: str = "auto"  # auto | disable | path
     resume_from_path: Optional[str] = None
     max_ckpt_to_keep: Optional[int] = None
+    max_consecutive_skipped_steps: int = 5  # abort after this many non-finite-gradient steps in a row; 0: never
     export_hf_dir: Optional[str] = None  # null: <default_local_dir>/hf
     plugins: list[str] = field(default_factory=list)  # modules / .py files every process imports first (docs/config.md)
     external_lib: Any = None  # verl's spelling: a module or file, or a list; merged into `plugins` at start-up

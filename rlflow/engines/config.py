@@ -79,6 +79,7 @@ class EngineConfig:
     param_offload: bool = False  # keep parameters and grads in host memory between engine calls
     optimizer_offload: bool = False  # keep optimizer state in host memory between optimizer steps
     seed: int = 0  # base seed; rank r seeds torch/numpy/python with seed + r
+    trust_remote_code: bool = False  # let the HF load run modeling code shipped in the folder (YAML: model.trust_remote_code)
 
     def range_checks(self) -> dict[str, bool]:
         """``{dotted key: value is in range}``; a subclass adds its own keys to ``super().range_checks()``."""

@@ -1,4 +1,15 @@
-"""``ensure_model``: the model folder an entry point trains, built from the preset when configured."""
+"""``ensure_model``: the model folder an entry point trains, built from the preset only into rlflow's own folder.
+
+Two ways to name the model, and only the first ever writes anything:
+
+* ``model.path: null`` with ``model.preset: NAME`` (the ``model: tiny`` group): rlflow's own folder
+  for that preset, ``outputs/models/NAME`` (``NAME-seedS`` for ``model.preset_seed=S`` other than
+  0), built on first use and reused after;
+* ``model.path: DIR``: an existing HF folder, loaded as it is and never created, so a mistyped
+  path fails at start-up instead of training a freshly built random model. If ``DIR`` holds an
+  rlflow preset and ``model.preset`` is set, it must be that preset. ``model=hf`` sets no preset
+  and needs ``model.path``.
+"""
 
 from __future__ import annotations
 
@@ -8,24 +19,49 @@ from typing import Any
 
 from rlflow.errors import UserError
 from rlflow.models.hf_checkpoint import require_model_folder, require_tokenizer_folder
-from rlflow.models.presets import build_preset
+from rlflow.models.presets import PRESET_MARKER, build_preset
+
+# Where the drivers build presets (relative to the working directory, like every default output folder).
+PRESET_ROOT = Path("outputs/models")
 
 
 class ModelFolderError(UserError, FileNotFoundError):
     """The configured model folder is missing, incomplete, holds a different preset, or the preset is unknown."""
 
 
-def ensure_model(model_config: Any, tokenizer_corpus: Iterable[str]) -> Path:
-    """Return ``model.path`` as a checked HF folder.
+def preset_folder(preset: str, seed: int = 0) -> Path:
+    """rlflow's own folder for ``preset`` built with ``seed``: ``outputs/models/<preset>[-seed<seed>]``."""
+    return PRESET_ROOT / (preset if seed == 0 else f"{preset}-seed{seed}")
 
-    With ``model.preset`` set, the preset is built there first if the folder is missing (an
-    existing folder must hold that same preset), its tokenizer trained on ``tokenizer_corpus``
-    (the drivers pass ``rlflow.data.tasks.corpus.tokenizer_corpus()``; it is read only when
-    ``model.preset`` is set, also to check that an existing folder was built from it).
-    Without it, the folder must already exist.
+
+def model_folder(model_config: Any) -> Path:
+    """The folder ``model.path`` names, or with ``model.path`` null the preset's own folder (nothing is checked)."""
+    if model_config.path:
+        return Path(model_config.path)
+    if not model_config.preset:
+        raise ModelFolderError(
+            "model.path: not set, and no model.preset to build; pass model.path=/path/to/hf/folder "
+            "(model=hf), or leave it unset with model=tiny to use rlflow's tiny preset"
+        )
+    return preset_folder(model_config.preset, model_config.preset_seed)
+
+
+def ensure_model(model_config: Any, tokenizer_corpus: Iterable[str]) -> Path:
+    """Return the model folder (``model_folder``) as a checked HF folder, building the preset if it is rlflow's own.
+
+    The preset's tokenizer is trained on ``tokenizer_corpus`` (the drivers pass
+    ``rlflow.data.tasks.corpus.tokenizer_corpus()``); it is read only when ``model.preset`` is set
+    and the folder is rlflow's own or holds a preset (to check it was built from the same corpus).
     """
-    path = Path(model_config.path)
-    if model_config.preset:
+    path = model_folder(model_config)
+    own_folder = not model_config.path
+    if not own_folder and not path.is_dir():
+        raise ModelFolderError(
+            f"model.path: model folder {str(path)!r} does not exist; rlflow never creates an explicit model.path "
+            "(check the spelling). To use a preset, leave model.path unset (it is built into "
+            f"{PRESET_ROOT}/<preset>), or build one there with `python -m rlflow.data.presets --out DIR`"
+        )
+    if model_config.preset and (own_folder or (path / PRESET_MARKER).is_file()):
         try:
             build_preset(path, tokenizer_corpus, preset=model_config.preset, seed=model_config.preset_seed)
         except (FileExistsError, ValueError) as error:

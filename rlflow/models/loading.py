@@ -2,9 +2,11 @@
 
 - ``load_causal_lm(path, dtype, attn_implementation)``: an ``AutoModelForCausalLM``;
 - ``load_value_model(path, dtype, attn_implementation)``: a ``ValueHeadModel`` (critic, reward model);
-- ``load_tokenizer(path)``: an ``AutoTokenizer`` with a pad token guaranteed;
+- ``load_tokenizer(path, trust_remote_code)``: an ``AutoTokenizer`` with a pad token guaranteed;
 - ``resolve_dtype(name)``: ``"bf16"`` -> ``torch.bfloat16`` and friends.
 
+Every loader takes ``trust_remote_code`` (default False; the runs pass ``model.trust_remote_code``
+through the engine and rollout configs) and hands it to transformers' ``from_pretrained``.
 Nothing is looked up on the hub (``local_files_only=True``); a missing folder or file raises
 FileNotFoundError naming it, and an unreadable one ValueError.
 """
@@ -39,11 +41,11 @@ __all__ = [
 ]
 
 
-def load_tokenizer(path: str | Path, **kwargs: Any) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False, **kwargs: Any) -> PreTrainedTokenizerBase:
     """An ``AutoTokenizer`` from a local folder; if it has no pad token, the EOS token is used as pad."""
     folder = require_tokenizer_folder(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code, **kwargs)
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"could not load a tokenizer from {str(folder)!r}: {err}") from err
     if tokenizer.pad_token is None:

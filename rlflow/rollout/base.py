@@ -47,7 +47,7 @@ class BaseRollout(ABC):
         self.replica_rank = replica_rank
         self.logprobs_mode = check_logprobs_mode(config.logprobs_mode)
         self.max_model_len = int(config.max_model_len or config.prompt_length + config.response_length)
-        self.tokenizer = load_tokenizer(self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=bool(config.trust_remote_code))
         self.pad_token_id = int(self.tokenizer.pad_token_id)
         self.eos_ids = eos_token_ids(self.model_path, self.tokenizer)
         self.weight_names = checkpoint_weight_names(self.model_path)

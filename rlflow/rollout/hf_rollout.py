@@ -42,7 +42,8 @@ class HFRollout(BaseRollout):
 
     def __init__(self, config: Any, model_path: str | Path, device: str | torch.device = "auto", replica_rank: int = 0):
         super().__init__(config, model_path, device, replica_rank)
-        self.model = load_causal_lm(self.model_path, dtype=config.dtype).to(self.device).eval()
+        self.model = load_causal_lm(self.model_path, dtype=config.dtype, trust_remote_code=bool(config.trust_remote_code))
+        self.model = self.model.to(self.device).eval()
         self.model.generation_config = GenerationConfig(
             eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_token_id, bos_token_id=None
         )

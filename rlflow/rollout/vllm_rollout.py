@@ -76,6 +76,7 @@ class VLLMRollout(BaseRollout):
         config = self.config
         kwargs: dict[str, Any] = dict(
             tokenizer=self.model_path,
+            trust_remote_code=bool(config.trust_remote_code),
             dtype=config.dtype,
             seed=request_seed(int(config.seed or 0), self.replica_rank),  # unseeded requests differ per replica
             max_model_len=self.max_model_len,

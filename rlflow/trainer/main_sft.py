@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from rlflow.config import ConfigError
 from rlflow.data.tasks.corpus import tokenizer_corpus
-from rlflow.models.ensure import ensure_model
+from rlflow.models.ensure import ensure_model, model_folder
 from rlflow.observability.tracking import Tracking
 from rlflow.roles.sft_worker import SFTWorker
 from rlflow.trainer.config_loading import SFT_GROUP_SHORTHANDS, load_sft_config
@@ -81,7 +81,7 @@ def launch_torchrun(config: DictConfig) -> History:
         if is_driver:
             ensure_model(config.model, tokenizer_corpus())
         dist.barrier()
-        model_path = config.model.path
+        model_path = model_folder(config.model)
         run = prepare_sft_run(config, model_path)
         worker = SFTWorker(run.engine_config, model_path)
         tracking = _tracking(config, run) if is_driver else None

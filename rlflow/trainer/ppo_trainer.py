@@ -27,6 +27,7 @@ from rlflow.rewards.manager import RewardManager
 from rlflow.rollout import rollout_mismatch_metrics
 from rlflow.trainer.batch_balance import balance_batch
 from rlflow.trainer.checkpoint import CheckpointManager
+from rlflow.trainer.divergence import DivergenceGuard, replace_non_finite
 from rlflow.trainer.placement import PlacedRoles, place_roles
 from rlflow.trainer.ppo_metrics import data_metrics, throughput_metrics, validation_metrics
 from rlflow.utils.logging import get_logger
@@ -63,7 +64,7 @@ class PPOTrainer:
         self.use_ref = bool(algo.use_kl_in_reward or config.actor.use_kl_loss)
         self.needs_greedy_baseline = _needs(algo.adv_estimator, "reward_baselines")
         self.model_path = ensure_model(config.model, tokenizer_corpus())
-        self.tokenizer = load_tokenizer(config.model.tokenizer_path or self.model_path)
+        self.tokenizer = load_tokenizer(config.model.tokenizer_path or self.model_path, config.model.trust_remote_code)
         self.train_loader = build_rl_loader(config.data, self.tokenizer, "train")
         self.val_loader = build_rl_loader(config.data, self.tokenizer, "val") if config.data.val_files else None
         self.total_steps = config.trainer.total_training_steps or len(self.train_loader) * config.trainer.total_epochs
@@ -71,6 +72,7 @@ class PPOTrainer:
         self._fill_derived_config()
         self.kl_ctrl = get_kl_controller(algo.kl_ctrl)
         self.reward_manager = RewardManager(self.tokenizer, config.reward)
+        self.guard = DivergenceGuard.from_config(config)
         self.checkpoints = CheckpointManager(config.trainer.default_local_dir, config.trainer.max_ckpt_to_keep)
         set_seed(config.trainer.seed)
         self.roles: Optional[PlacedRoles] = None
@@ -177,11 +179,20 @@ class PPOTrainer:
         return metrics
 
     def _score(self, batch: DataProto, metrics: dict[str, float]) -> torch.Tensor:
-        """Token-level scores: the reward model's when one is enabled, else the rule/custom rewards."""
+        """Token-level scores: the reward model's when one is enabled, else the rule/custom rewards.
+
+        Non-finite reward-model scores get ``reward.error_score`` like failed reward functions; either
+        way the errors are counted and checked against ``reward.max_error_fraction``.
+        """
         if self.roles.reward_model is not None:
-            return self.roles.reward_model.compute_rm_score(batch).batch["rm_scores"]
-        scores, reward_metrics = self.reward_manager(batch)
-        metrics.update(reward_metrics)
+            rm_scores = self.roles.reward_model.compute_rm_score(batch).batch["rm_scores"]
+            scores, errors = replace_non_finite(rm_scores, self.config.reward.error_score)
+            metrics["reward/error_count"], scorer = float(errors), "reward model"
+        else:
+            scores, reward_metrics = self.reward_manager(batch)
+            metrics.update(reward_metrics)
+            scorer = "reward function"
+        metrics.update(self.guard.check_reward_errors(int(metrics["reward/error_count"]), len(batch), scorer))
         return scores
 
     def _forward_passes(self, batch: DataProto) -> list:
@@ -236,10 +247,13 @@ class PPOTrainer:
         keys = ACTOR_UPDATE_KEYS + (("ref_log_prob",) if actor_cfg.use_kl_loss else ())
         update = batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=["temperature"])
         mini_batch = actor_cfg.ppo_mini_batch_size * self.config.rollout.n
-        step_metrics = []
+        step_metrics, guard_metrics = [], {}
         for mini in update.make_iterator(mini_batch, actor_cfg.ppo_epochs, actor_cfg.shuffle, seed=self.config.trainer.seed + step):
-            step_metrics.append({**self.roles.actor.forward_backward(mini), **self.roles.actor.optim_step()[0]})
-        return mean_per_key(step_metrics)
+            losses = self.roles.actor.forward_backward(mini)
+            optim = self.roles.actor.optim_step()[0]
+            guard_metrics = self.guard.check_optim_step("actor", optim["actor/skipped"] > 0)
+            step_metrics.append({**losses, **optim})
+        return {**mean_per_key(step_metrics), **guard_metrics}
 
     def _update_critic(self, batch: DataProto, step: int) -> dict[str, float]:
         update = batch.select(batch_keys=ACTOR_UPDATE_KEYS[:5] + ("values", "returns"), non_tensor_batch_keys=[])

@@ -10,14 +10,15 @@ this loop (the group calls are collective) and only the driver (rank 0) logs and
 driver state.
 
 ``prepare_sft_run`` does the launcher-independent set-up: tokenizer, loaders (every data error
-surfaces here, before any worker starts) and the engine config the workers build.
+surfaces here, before any worker starts), the engine config the workers build and the divergence
+guard (``rlflow.trainer.divergence``: a run of non-finite-gradient steps stops the run).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol
 
@@ -32,6 +33,7 @@ from rlflow.observability.tracking import Tracking
 from rlflow.protocol import DataProto
 from rlflow.roles.sft_worker import SFT_MESH
 from rlflow.trainer.checkpoint import PARTIAL_SUFFIX, CheckpointManager
+from rlflow.trainer.divergence import DivergenceGuard
 from rlflow.utils.logging import get_logger
 from rlflow.workers import MeshTable
 
@@ -66,6 +68,7 @@ class SFTRun:
     val_loader: Optional[BatchLoader]
     engine_config: dict[str, Any]
     total_steps: int
+    guard: DivergenceGuard = field(default_factory=DivergenceGuard)  # trainer.max_consecutive_skipped_steps
 
 
 def total_training_steps(trainer_config: Any, steps_per_epoch: int) -> int:
@@ -85,7 +88,7 @@ def prepare_sft_run(config: DictConfig, model_path: Path) -> SFTRun:
     resolve_files(list(data.train_files))  # a missing file is reported before the tokenizer loads
     if data.val_files:
         resolve_files(list(data.val_files))
-    tokenizer = load_tokenizer(config.model.tokenizer_path or model_path)
+    tokenizer = load_tokenizer(config.model.tokenizer_path or model_path, config.model.trust_remote_code)
     train_loader = build_sft_loader(data, tokenizer, "train")
     val_loader = None
     if data.val_files:
@@ -98,7 +101,7 @@ def prepare_sft_run(config: DictConfig, model_path: Path) -> SFTRun:
     schedule = engine_config.setdefault("lr_scheduler", {})
     if not schedule.get("total_steps"):
         schedule["total_steps"] = total_steps  # decaying schedules span the run unless told otherwise
-    return SFTRun(train_loader, val_loader, engine_config, total_steps)
+    return SFTRun(train_loader, val_loader, engine_config, total_steps, DivergenceGuard.from_config(config))
 
 
 def pad_batch_without_loss(batch: DataProto, divisor: int) -> DataProto:
@@ -141,6 +144,7 @@ class SFTTrainer:
                 f"{self.dp_size} (trainer.nnodes x trainer.n_procs_per_node / model-parallel size)"
             )
         self.checkpoints = CheckpointManager(self.trainer_config.default_local_dir, self.trainer_config.max_ckpt_to_keep)
+        self.guard = run.guard
         self.global_step = 0
         self.history: list[dict[str, Any]] = []
 
@@ -182,6 +186,7 @@ class SFTTrainer:
             "train/grad_norm": optim_metrics["grad_norm"],
             "train/lr": optim_metrics["lr"],
             "train/skipped_steps": optim_metrics["skipped_steps"],
+            **self.guard.check_optim_step("train", bool(optim_metrics["skipped"])),
             "train/epoch": (self.global_step - 1) // len(self.train_loader),
             "timing_s/step": elapsed,
             "perf/throughput": float(batch.batch["attention_mask"].sum()) / elapsed,

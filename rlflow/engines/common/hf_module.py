@@ -34,7 +34,8 @@ __all__ = ["forward_micro_batch", "hf_named_tensors", "load_forward_module"]
 def load_forward_module(kind: ModelKind, model_path: Path, config: HFModuleEngineConfig, rank: int) -> HFForwardModule:
     """The model of ``kind`` from ``model_path`` as an (unwrapped) forward module; seeds ``config.seed + rank`` after."""
     set_seed(config.seed)  # identical on every rank: any freshly initialised weights (a new value head) agree
-    model = kind.load(model_path, dtype=config.dtype, attn_implementation=config.attn_implementation)
+    model = kind.load(model_path, dtype=config.dtype, attn_implementation=config.attn_implementation,
+                      trust_remote_code=config.trust_remote_code)
     set_seed(config.seed + rank)  # per-rank streams for dropout and sampling
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
