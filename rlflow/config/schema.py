@@ -205,7 +205,7 @@ class RunConfig:
     val_before_train: bool = True
     save_freq: int = -1
     default_local_dir: str = "outputs/checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    resume_mode: str = "auto"  # auto | disable | path
+    resume_mode: str = "auto"  # auto | force | disable | path (rlflow.trainer.checkpoint.RESUME_MODES)
     resume_from_path: Optional[str] = None
     max_ckpt_to_keep: Optional[int] = None
     export_hf_dir: Optional[str] = None  # null: <default_local_dir>/hf
