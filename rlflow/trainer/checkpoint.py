@@ -93,7 +93,10 @@ class CheckpointManager:
             fsync_tree(partial)
         except Exception as error:
             shutil.rmtree(partial, ignore_errors=True)
-            raise self._save_failed(step, error) from error
+            failure = self._save_failed(step, error)
+            if failure is error:
+                raise
+            raise failure from error
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         fsync_path(self.root)

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from rlflow.config import ConfigError
-from rlflow.errors import UserError
 from rlflow.data.tasks.corpus import tokenizer_corpus
+from rlflow.errors import UserError
 from rlflow.models.ensure import ensure_model
 from rlflow.observability.tracking import Tracking
 from rlflow.roles.sft_worker import SFTWorker

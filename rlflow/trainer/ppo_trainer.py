@@ -28,9 +28,9 @@ from rlflow.rollout import rollout_mismatch_metrics
 from rlflow.trainer.batch_balance import balance_batch
 from rlflow.trainer.checkpoint import CheckpointManager
 from rlflow.trainer.placement import PlacedRoles, place_roles
+from rlflow.trainer.ppo_metrics import data_metrics, throughput_metrics, validation_metrics
 from rlflow.trainer.preemption import PreemptionFlag
 from rlflow.trainer.run_folder import export_dir, open_run_folder
-from rlflow.trainer.ppo_metrics import data_metrics, throughput_metrics, validation_metrics
 from rlflow.utils.logging import get_logger
 from rlflow.utils.metric_values import mean_per_key
 from rlflow.utils.seed import get_rng_state, set_rng_state, set_seed
