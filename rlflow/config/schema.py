@@ -207,7 +207,7 @@ class RunConfig:
     val_before_train: bool = True
     save_freq: int = -1
     default_local_dir: str = "outputs/checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    resume_mode: str = "auto"  # auto | disable | path
+    resume_mode: str = "auto"  # auto | force | disable | path (rlflow.trainer.checkpoint.RESUME_MODES)
     resume_from_path: Optional[str] = None
     max_ckpt_to_keep: Optional[int] = None
     max_consecutive_skipped_steps: int = 5  # abort after this many non-finite-gradient steps in a row; 0: never

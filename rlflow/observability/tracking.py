@@ -12,9 +12,17 @@ is a ``Tracker`` subclass under ``@register_tracker("name")``.
 | ``wandb`` | a wandb run under ``<output_dir>/wandb`` (offline with ``WANDB_MODE=offline``, online otherwise) |
 | ``tensorboard`` | event files under ``<output_dir>/tensorboard`` |
 
-Resuming: the jsonl file drops records of steps at or after the first step logged by the
-resumed run, so every step keeps exactly one line; the wandb run id is kept in
-``<output_dir>/wandb_run_id`` so a resumed run continues the same wandb run.
+Resuming (the drivers log a step before they checkpoint it, so the checkpointed step is always
+recorded; a resumed run replays the steps after it): every backend keeps exactly one record per
+step.
+
+* jsonl: the file drops records of steps at or after the first step logged by the resumed run.
+* tensorboard: the writer of a resumed run opens with ``purge_step`` = its first step, so
+  TensorBoard discards the events the interrupted run wrote for the replayed steps.
+* wandb: the run id is kept in ``<output_dir>/wandb_run_id`` and a resumed run (first step
+  above 1) continues that run (``resume="allow"``); a run starting at step 0 or 1 is a new one. wandb ignores steps at or below the last step it holds, so the
+  tracker skips them itself (the last step it sent is kept in ``<output_dir>/wandb_last_step``):
+  a replayed step keeps the values its first attempt logged, and the new steps follow.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from rlflow.config import ConfigError
 from rlflow.errors import UserError
+from rlflow.utils.durable import write_atomic
 from rlflow.utils.metric_values import numeric_metrics, to_plain
 from rlflow.utils.registry import Registry
 
@@ -186,9 +195,15 @@ class JsonlTracker(Tracker):
 # ---------------------------------------------------------------------------------------- wandb
 @register_tracker("wandb")
 class WandbTracker(Tracker):
-    """A wandb run under ``<output_dir>/wandb``; ``WANDB_MODE=offline`` keeps it local (``wandb sync`` uploads it)."""
+    """A wandb run under ``<output_dir>/wandb``; ``WANDB_MODE=offline`` keeps it local (``wandb sync`` uploads it).
+
+    The run starts at the first logged step: a run that starts at step 0 or 1 (not resumed)
+    gets a new run id; a later first step (a resumed run) continues the run whose id is in
+    ``wandb_run_id`` and skips the steps it already holds (``wandb_last_step``).
+    """
 
     RUN_ID_FILE = "wandb_run_id"
+    LAST_STEP_FILE = "wandb_last_step"
 
     def __init__(self, run: RunInfo):
         super().__init__(run)
@@ -196,25 +211,46 @@ class WandbTracker(Tracker):
             import wandb
         except ImportError as error:
             raise UserError("trainer.logger has 'wandb' but wandb is not installed: pip install wandb") from error
+        self.wandb = wandb
+        self.wandb_run = None
+        self.id_file = run.output_dir / self.RUN_ID_FILE
+        self.last_step_file = run.output_dir / self.LAST_STEP_FILE
+        self.last_step = -1
+
+    def _start(self, first_step: int) -> None:
+        run = self.run
         run.output_dir.mkdir(parents=True, exist_ok=True)
-        id_file = run.output_dir / self.RUN_ID_FILE
-        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
-        id_file.write_text(run_id + "\n")
-        self.wandb_run = wandb.init(
+        resumed = first_step > 1 and self.id_file.exists()
+        run_id = self.id_file.read_text().strip() if resumed else uuid.uuid4().hex[:12]
+        if resumed and self.last_step_file.exists():
+            self.last_step = int(self.last_step_file.read_text().strip() or -1)
+        write_atomic(self.id_file, run_id + "\n")
+        self.wandb_run = self.wandb.init(
             project=run.project, name=run.experiment, config=run.config, dir=str(run.output_dir), id=run_id, resume="allow"
         )
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        if self.wandb_run is None:
+            self._start(step)
+        if step <= self.last_step:  # already in the run (logged before an interruption); wandb would drop it
+            return
         self.wandb_run.log(numeric_metrics(metrics), step=step)
+        self.last_step = step
+        write_atomic(self.last_step_file, f"{step}\n")
 
     def finish(self) -> None:
-        self.wandb_run.finish()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
 
 
 # ---------------------------------------------------------------------------------------- tensorboard
 @register_tracker("tensorboard")
 class TensorboardTracker(Tracker):
-    """Scalars in tensorboard event files under ``<output_dir>/tensorboard``."""
+    """Scalars in tensorboard event files under ``<output_dir>/tensorboard``.
+
+    The writer opens at the first logged step with ``purge_step`` set to it, so events a
+    previous (interrupted) run wrote for that step and later ones are discarded by readers.
+    """
 
     def __init__(self, run: RunInfo):
         super().__init__(run)
@@ -222,17 +258,21 @@ class TensorboardTracker(Tracker):
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:
             raise UserError("trainer.logger has 'tensorboard' but tensorboard is not installed: pip install tensorboard") from error
-        self.writer = SummaryWriter(log_dir=str(run.output_dir / "tensorboard"))
-        self.writer.add_text("config", "```\n" + json.dumps(run.config, indent=2, default=str) + "\n```", 0)
+        self.writer_class = SummaryWriter
+        self.writer = None
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        if self.writer is None:
+            self.writer = self.writer_class(log_dir=str(self.run.output_dir / "tensorboard"), purge_step=step)
+            self.writer.add_text("config", "```\n" + json.dumps(self.run.config, indent=2, default=str) + "\n```", step)
         for key, value in numeric_metrics(metrics).items():
             if math.isfinite(value):
                 self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
     def finish(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 # ---------------------------------------------------------------------------------------- fan-out

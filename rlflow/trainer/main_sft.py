@@ -22,11 +22,13 @@ from omegaconf import DictConfig
 
 from rlflow.config import ConfigError
 from rlflow.data.tasks.corpus import tokenizer_corpus
+from rlflow.errors import UserError
 from rlflow.models.ensure import ensure_model, model_folder
 from rlflow.observability.tracking import Tracking
 from rlflow.roles.sft_worker import SFTWorker
 from rlflow.trainer.config_loading import SFT_GROUP_SHORTHANDS, load_sft_config
 from rlflow.trainer.entry import run_hydra_entry
+from rlflow.trainer.run_folder import RunLock, open_run_folder
 from rlflow.trainer.sft_trainer import SFTRun, SFTTrainer, prepare_sft_run
 from rlflow.workers import RayWorkerGroup, ResourcePool, WorkerSpec, init_ray, shutdown_ray
 from rlflow.workers.local_group import LocalWorkerGroup
@@ -52,6 +54,7 @@ def launch_ray(config: DictConfig) -> History:
     trainer = config.trainer
     model_path = ensure_model(config.model, tokenizer_corpus())
     run = prepare_sft_run(config, model_path)
+    lock = open_run_folder(config)  # before Ray starts
     init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir)
     group = None
     try:
@@ -69,6 +72,7 @@ def launch_ray(config: DictConfig) -> History:
         if group is not None:
             group.shutdown()
         shutdown_ray()
+        lock.release()
 
 
 def launch_torchrun(config: DictConfig) -> History:
@@ -77,7 +81,9 @@ def launch_torchrun(config: DictConfig) -> History:
     owns_process_group = not dist.is_initialized()
     setup_worker_process(WorkerContext.from_env())
     is_driver = dist.get_rank() == 0
+    lock = None
     try:
+        lock = _open_run_folder_on_rank0(config, is_driver)
         if is_driver:
             ensure_model(config.model, tokenizer_corpus())
         dist.barrier()
@@ -92,8 +98,27 @@ def launch_torchrun(config: DictConfig) -> History:
                 tracking.finish()
             worker.close()
     finally:
+        if lock is not None:
+            lock.release()
         if owns_process_group:
             dist.destroy_process_group()
+
+
+def _open_run_folder_on_rank0(config: DictConfig, is_driver: bool) -> RunLock | None:
+    """Rank 0 runs the run-folder checks and holds the lock; every rank raises if they failed (none waits)."""
+    lock, error = None, None
+    if is_driver:
+        try:
+            lock = open_run_folder(config)
+        except UserError as caught:
+            error = caught
+    failed = [error is not None]
+    dist.broadcast_object_list(failed, src=0)
+    if error is not None:
+        raise error
+    if failed[0]:
+        raise UserError("rank 0 refused the run folder (its error names the cause)")
+    return lock
 
 
 LAUNCHERS: dict[str, Callable[[DictConfig], History]] = {"ray": launch_ray, "torchrun": launch_torchrun}

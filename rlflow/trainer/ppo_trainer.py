@@ -30,6 +30,8 @@ from rlflow.trainer.checkpoint import CheckpointManager
 from rlflow.trainer.divergence import DivergenceGuard, replace_non_finite
 from rlflow.trainer.placement import PlacedRoles, place_roles
 from rlflow.trainer.ppo_metrics import data_metrics, throughput_metrics, validation_metrics
+from rlflow.trainer.preemption import PreemptionFlag
+from rlflow.trainer.run_folder import export_dir, open_run_folder
 from rlflow.utils.logging import get_logger
 from rlflow.utils.metric_values import mean_per_key
 from rlflow.utils.seed import get_rng_state, set_rng_state, set_seed
@@ -43,11 +45,12 @@ ACTOR_UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses",
 
 def run_ppo(config: DictConfig) -> None:
     """Train with a validated ``ppo_trainer`` config (see ``rlflow.trainer.main_ppo``)."""
-    trainer = PPOTrainer(config)
-    try:
-        trainer.fit()
-    finally:
-        trainer.shutdown()
+    with open_run_folder(config):  # lock, writability, export folder, resume check: before Ray starts
+        trainer = PPOTrainer(config)
+        try:
+            trainer.fit()
+        finally:
+            trainer.shutdown()
 
 
 def _needs(estimator: str, input_name: str) -> bool:
@@ -73,7 +76,7 @@ class PPOTrainer:
         self.kl_ctrl = get_kl_controller(algo.kl_ctrl)
         self.reward_manager = RewardManager(self.tokenizer, config.reward)
         self.guard = DivergenceGuard.from_config(config)
-        self.checkpoints = CheckpointManager(config.trainer.default_local_dir, config.trainer.max_ckpt_to_keep)
+        self.checkpoints = CheckpointManager.for_run(config)
         set_seed(config.trainer.seed)
         self.roles: Optional[PlacedRoles] = None
         self.tracking: Optional[Tracking] = None
@@ -113,7 +116,11 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> None:
-        """Run from the resumed (or first) step to ``total_steps``; validate, checkpoint, export."""
+        """Run from the resumed (or first) step to ``total_steps``; validate, log, checkpoint, export.
+
+        A step is logged before it is checkpointed, so a kill between the two loses no metrics
+        row. SIGTERM checkpoints the current step and returns early (``PreemptionFlag``).
+        """
         trainer = self.config.trainer
         self._start_workers()
         start_step = self._resume()
@@ -121,17 +128,21 @@ class PPOTrainer:
                                  OmegaConf.to_container(self.config), trainer.default_local_dir, self.total_steps)
         if trainer.val_before_train and start_step == 0 and self.val_loader is not None:
             self.tracking.log(self.validate(), step=0)
-        for step in range(start_step + 1, self.total_steps + 1):
-            metrics = self.train_step(self._next_batch(), step)
-            last = step == self.total_steps
-            if self.val_loader is not None and (last or (trainer.test_freq > 0 and step % trainer.test_freq == 0)):
-                metrics.update(self.validate())
-            if last or (trainer.save_freq > 0 and step % trainer.save_freq == 0):
-                self.save_checkpoint(step)
-            self.tracking.log(metrics, step=step)
-        export_dir = trainer.export_hf_dir or str(Path(trainer.default_local_dir) / "hf")
-        self.roles.actor.save_hf(export_dir)
-        logger.info("exported the trained actor to %s", export_dir)
+        with PreemptionFlag() as preemption:
+            for step in range(start_step + 1, self.total_steps + 1):
+                metrics = self.train_step(self._next_batch(), step)
+                last = step == self.total_steps
+                if self.val_loader is not None and (last or (trainer.test_freq > 0 and step % trainer.test_freq == 0)):
+                    metrics.update(self.validate())
+                self.tracking.log(metrics, step=step)
+                if last or preemption.requested or (trainer.save_freq > 0 and step % trainer.save_freq == 0):
+                    self.save_checkpoint(step)
+                if preemption.requested and not last:
+                    logger.warning("preempted after step %d: checkpoint saved; run the same command to resume", step)
+                    return
+        folder = export_dir(trainer)
+        self.roles.actor.save_hf(str(folder))
+        logger.info("exported the trained actor to %s", folder)
 
     def _next_batch(self) -> DataProto:
         while True:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol
 
+import torch
+import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.config import ConfigError
@@ -34,6 +36,8 @@ from rlflow.protocol import DataProto
 from rlflow.roles.sft_worker import SFT_MESH
 from rlflow.trainer.checkpoint import PARTIAL_SUFFIX, CheckpointManager
 from rlflow.trainer.divergence import DivergenceGuard
+from rlflow.trainer.preemption import PreemptionFlag
+from rlflow.trainer.run_folder import export_dir
 from rlflow.utils.logging import get_logger
 from rlflow.workers import MeshTable
 
@@ -104,6 +108,15 @@ def prepare_sft_run(config: DictConfig, model_path: Path) -> SFTRun:
     return SFTRun(train_loader, val_loader, engine_config, total_steps, DivergenceGuard.from_config(config))
 
 
+def _any_rank(flag: bool) -> bool:
+    """``flag`` or'ed over the torchrun ranks (each gets its own SIGTERM), so every rank stops at the same step."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    value = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
 def pad_batch_without_loss(batch: DataProto, divisor: int) -> DataProto:
     """``batch`` padded to a multiple of ``divisor`` rows; the padding rows carry no loss tokens."""
     padded, pad_size = batch.pad_to_divisor(divisor)
@@ -143,26 +156,35 @@ class SFTTrainer:
                 f"config key 'data.train_batch_size': {batch_size} must be divisible by the data-parallel size "
                 f"{self.dp_size} (trainer.nnodes x trainer.n_procs_per_node / model-parallel size)"
             )
-        self.checkpoints = CheckpointManager(self.trainer_config.default_local_dir, self.trainer_config.max_ckpt_to_keep)
+        self.checkpoints = CheckpointManager.for_run(config)
         self.guard = run.guard
         self.global_step = 0
         self.history: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> list[dict[str, Any]]:
-        """Train to ``total_steps`` (resuming first if configured), then export the HF folder."""
+        """Train to ``total_steps`` (resuming first if configured), then export the HF folder.
+
+        A step is logged before it is checkpointed (a kill between the two loses no row);
+        SIGTERM checkpoints the current step and returns early, without the export.
+        """
         self.resume()
         if self.val_loader is not None and self.trainer_config.val_before_train and self.global_step == 0:
             self._log(self.validate(), step=0)
         batches = self._batches()
-        while self.global_step < self.total_steps:
-            self.global_step += 1
-            metrics = self.train_step(next(batches))
-            if self._due(self.trainer_config.test_freq) and self.val_loader is not None:
-                metrics.update(self.validate())
-            if self._due(self.trainer_config.save_freq):
-                self.save_checkpoint()
-            self._log(metrics, step=self.global_step)
+        with PreemptionFlag() as preemption:
+            while self.global_step < self.total_steps:
+                self.global_step += 1
+                metrics = self.train_step(next(batches))
+                if self._due(self.trainer_config.test_freq) and self.val_loader is not None:
+                    metrics.update(self.validate())
+                self._log(metrics, step=self.global_step)
+                preempted = _any_rank(preemption.requested)
+                if self._due(self.trainer_config.save_freq) or preempted:
+                    self.save_checkpoint()
+                if preempted and self.global_step < self.total_steps:
+                    logger.warning("preempted after step %d: checkpoint saved; run the same command to resume", self.global_step)
+                    return self.history
         self.export_hf()
         return self.history
 
@@ -235,7 +257,7 @@ class SFTTrainer:
 
     def export_hf(self) -> Path:
         """Write the trained weights as an HF folder (``trainer.export_hf_dir`` or ``<default_local_dir>/hf``)."""
-        path = Path(self.trainer_config.export_hf_dir or Path(self.trainer_config.default_local_dir) / "hf")
+        path = export_dir(self.trainer_config)
         self.group.save_hf(str(path))
         if self.is_driver:
             logger.info("exported the model to %s", path)

@@ -14,7 +14,8 @@ the atomic folder, the RNG files, the meta with the ``OptimizerStepper`` state, 
 setup check on load.
 
 Everything is written into ``<path>.tmp`` and renamed to ``path`` only when all ranks
-have finished, so a run killed mid-write leaves the previous ``path`` intact (if the
+have finished (and its files and folders are fsynced), so a run killed mid-write, or a
+power cut, leaves the previous ``path`` intact (if the
 kill lands between the two renames of an overwrite, the previous checkpoint is at
 ``<path>.old`` and loading finds it there). All ranks must see the same file system.
 """
@@ -36,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.errors import CheckpointError
+from rlflow.utils.durable import fsync_path, fsync_tree
 from rlflow.utils.logging import get_logger
 from rlflow.utils.seed import get_rng_state, set_rng_state
 
@@ -82,10 +84,12 @@ def atomic_checkpoint_dir(path: str | Path, group: Optional[dist.ProcessGroup]) 
     yield tmp
     _barrier(group)
     if _is_rank0(group):
+        fsync_tree(tmp)  # every rank's files and the folder names are on disk before the rename publishes them
         shutil.rmtree(old, ignore_errors=True)
         if final.exists():
             os.replace(final, old)
         os.replace(tmp, final)
+        fsync_path(final.parent)
         shutil.rmtree(old, ignore_errors=True)
     _barrier(group)
 

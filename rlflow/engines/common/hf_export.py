@@ -4,7 +4,9 @@ Tensors are buffered up to ``shard_bytes`` and written as ``model-0000i-of-0000n
 safetensors files with an index (one ``model.safetensors`` when it fits in one shard).
 Names matching a model kind's side-file prefix (the value head) go to their own file.
 The non-weight files of the source folder (config, tokenizer, chat template,
-generation config) are copied, and the folder appears atomically.
+generation config) are copied, and the folder appears atomically. Every export holds
+``rlflow_export.json`` (``EXPORT_MARKER``): an existing ``out_dir`` (or its ``.tmp`` twin) is
+replaced only when it carries that marker, so a user's folder is never deleted.
 
 ``save_hf_from_export`` is ``BaseEngine.save_hf`` for any engine whose export is
 collective: every rank iterates the export, rank 0 writes.
@@ -24,9 +26,22 @@ from safetensors.torch import save_file
 
 from rlflow.engines.common.models import source_files_to_copy
 
-__all__ = ["save_hf_from_export", "write_hf_folder"]
+__all__ = ["EXPORT_MARKER", "save_hf_from_export", "write_hf_folder"]
 
 _SHARD_BYTES = 2 * 1024**3
+EXPORT_MARKER = "rlflow_export.json"
+
+
+def _remove_export(folder: Path) -> None:
+    """Delete a previous (or half-written) rlflow export; refuse a folder rlflow did not write."""
+    if not folder.exists():
+        return
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        return
+    if not (folder / EXPORT_MARKER).is_file():
+        raise FileExistsError(f"{folder} exists and is not an rlflow export (no {EXPORT_MARKER}); not replacing it")
+    shutil.rmtree(folder)
 
 
 class _ShardWriter:
@@ -79,8 +94,9 @@ def write_hf_folder(
     """Write ``named_tensors`` plus the source folder's config/tokenizer files to ``out_dir`` atomically."""
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    _remove_export(tmp)
     tmp.mkdir(parents=True)
+    (tmp / EXPORT_MARKER).write_text(json.dumps({"format": "hf", "writer": "rlflow"}) + "\n")
     writers: dict[str, _ShardWriter] = {}
     for name, tensor in named_tensors:
         stem = weight_file_of(name).removesuffix(".safetensors")
@@ -89,8 +105,7 @@ def write_hf_folder(
         writer.finish()
     for file in source_files_to_copy(source_folder):
         shutil.copy2(file, tmp / file.name)
-    if out.exists():
-        shutil.rmtree(out)
+    _remove_export(out)
     os.replace(tmp, out)
     return out
 

@@ -1,0 +1,138 @@
+"""The run folder's start-up checks: one live run per folder, writable outputs, a safe export dir.
+
+``open_run_folder(config)`` runs before Ray starts, in every driver:
+
+* **lock**: ``<default_local_dir>/.rlflow.lock`` is ``flock``-ed for the life of the returned
+  ``RunLock`` and holds the owner's pid and host. A second run on the folder is refused with a
+  message naming them. The OS drops the lock when the process dies (SIGKILL included), so a
+  killed run never blocks its own resume.
+* **writability**: ``default_local_dir`` and the export folder's parent are created if missing
+  and must accept a file; otherwise one line now, not at the first save hours in.
+* **export folder**: ``trainer.export_hf_dir`` is replaced at the end of the run only if it is
+  missing, empty, or holds an rlflow export (``hf_export.EXPORT_MARKER``); a user's folder is
+  refused here.
+* **resume**: the checkpoint ``trainer.resume_mode`` picks is checked now (loadable, same math:
+  ``fingerprint``), so a refused resume costs no cluster start.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any, Optional
+
+from rlflow.engines.common.hf_export import EXPORT_MARKER
+from rlflow.errors import UserError
+from rlflow.trainer.checkpoint import CheckpointManager
+
+LOCK_FILE = ".rlflow.lock"
+
+
+class RunFolderError(UserError):
+    """The run folder is locked by another run, not writable, or an export would overwrite a user's folder."""
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<folder>/.rlflow.lock``, held until ``release()`` or process exit."""
+
+    def __init__(self, folder: str | Path):
+        self.path = Path(folder) / LOCK_FILE
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> "RunLock":
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunFolderError(
+                f"trainer.default_local_dir {self.path.parent} is in use by another run (pid {holder.get('pid', '?')} "
+                f"on host {holder.get('host', '?')}); wait for it to end or set another trainer.default_local_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode() + b"\n")
+        os.fsync(fd)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Drop the lock (the file stays; a stale file locks nothing)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    try:
+        return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def check_writable(folder: str | Path, key: str) -> None:
+    """Create ``folder`` if needed and write a probe file into it; RunFolderError naming ``key`` if that fails."""
+    path = Path(folder)
+    probe = path / f".rlflow-write-test-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        raise RunFolderError(f"config key '{key}': {path} is not writable ({reason}); "
+                             f"fix its permissions or point {key} elsewhere") from None
+
+
+def is_rlflow_export(folder: Path) -> bool:
+    return (folder / EXPORT_MARKER).is_file()
+
+
+def check_export_dir(folder: str | Path, key: str = "trainer.export_hf_dir") -> None:
+    """Refuse an export folder rlflow would have to delete although rlflow did not write it."""
+    path = Path(folder)
+    if path.is_file():
+        raise RunFolderError(f"config key '{key}': {path} is a file; name a folder for the HF export")
+    if path.is_dir() and any(path.iterdir()) and not is_rlflow_export(path):
+        raise RunFolderError(f"config key '{key}': {path} holds files rlflow did not export (no {EXPORT_MARKER}); "
+                             f"the export replaces the folder, so name an empty or new folder")
+    check_writable(path.parent, key)
+
+
+def export_dir(trainer_config: Any) -> Path:
+    """Where the final HF export goes: ``trainer.export_hf_dir`` or ``<default_local_dir>/hf``."""
+    return Path(trainer_config.export_hf_dir or Path(trainer_config.default_local_dir) / "hf")
+
+
+def open_run_folder(config: Any) -> RunLock:
+    """The start-up checks of the run folder (see the module doc); returns the held lock.
+
+    Call it in the driver process only, before Ray starts; release the lock when the run ends.
+    """
+    trainer = config.trainer
+    folder = Path(trainer.default_local_dir)
+    check_writable(folder, "trainer.default_local_dir")
+    check_export_dir(export_dir(trainer))
+    try:
+        lock = RunLock(folder).acquire()
+    except OSError as error:
+        if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP):
+            raise RunFolderError(f"trainer.default_local_dir {folder}: the file system does not support locks "
+                                 f"({os.strerror(error.errno)}); use a local or NFSv4 folder") from None
+        raise
+    try:
+        CheckpointManager.for_run(config).resolve(trainer.resume_mode, trainer.resume_from_path)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
