@@ -54,7 +54,7 @@ class Group:
         return {"loss": 1.0, "num_tokens": 3}
 
     def optim_step(self) -> list:
-        return [{"grad_norm": 1.0, "lr": 0.1, "skipped_steps": 0}]
+        return [{"grad_norm": 1.0, "lr": 0.1, "skipped": False, "skipped_steps": 0}]  # the engine contract's keys
 
     def save_checkpoint(self, path: str) -> None:
         Path(path).mkdir(parents=True)
