@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from rlflow.errors import CheckpointError
+from rlflow.utils.safe_io import load_weights_only
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 DRIVER_STATE = "driver_state.pt"
@@ -83,7 +84,7 @@ class CheckpointManager:
 
     @staticmethod
     def load_driver_state(folder: Path) -> dict[str, Any]:
-        return torch.load(folder / DRIVER_STATE, weights_only=False)
+        return load_weights_only(folder / DRIVER_STATE, CheckpointError)
 
     def _prune(self) -> None:
         if not self.max_to_keep or self.max_to_keep < 1:
