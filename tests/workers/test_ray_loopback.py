@@ -45,3 +45,23 @@ def test_local_cluster_binds_every_port_to_loopback_and_requires_a_token(tmp_pat
     exposed = [e for e in report["listeners"] if not _is_loopback(e["ip"]) and e["name"] not in ALLOWED_NON_LOOPBACK]
     assert not exposed, f"Ray processes listening beyond loopback: {exposed}"
     assert report["tokenless_gcs_call"] == "UNAUTHENTICATED"
+
+
+_AUTH_ROUND_TRIP = """
+import os
+from rlflow.workers.ray_security import ClusterAuth
+auth = ClusterAuth()
+mode = auth.enable()
+print(mode, os.environ.get("RAY_AUTH_MODE"), len(os.environ.get("RAY_AUTH_TOKEN", "")))
+auth.restore()
+print(os.environ.get("RAY_AUTH_MODE"), os.environ.get("RAY_AUTH_TOKEN"))
+"""
+
+
+def test_cluster_auth_sets_a_fresh_token_only_when_the_user_chose_nothing_and_restores():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
+    run = lambda extra: subprocess.run([sys.executable, "-c", _AUTH_ROUND_TRIP], env={**env, **extra},  # noqa: E731
+                                       capture_output=True, text=True, timeout=120, check=True).stdout.split("\n")
+    assert run({})[:2] == ["token token 64", "None None"]
+    assert run({"RAY_AUTH_MODE": "disabled"})[:2] == ["disabled disabled 0", "disabled None"]
+    assert run({"RAY_AUTH_TOKEN": "mine"})[:2] == ["token token 4", "None mine"]
