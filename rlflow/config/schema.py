@@ -201,6 +201,7 @@ class RunConfig:
     ray_address: Optional[str] = None  # null: start a local Ray; "auto": join a running cluster
     ray_num_cpus: Optional[float] = None
     ray_temp_dir: Optional[str] = None  # local Ray's session folder (short path); null: Ray's default
+    ray_node_ip_address: Optional[str] = "127.0.0.1"  # local Ray listens here only; a real IP/null: other machines may join
     total_epochs: int = 1
     total_training_steps: Optional[int] = None  # overrides total_epochs
     test_freq: int = -1

@@ -41,6 +41,7 @@ from rlflow.trainer.checkpoint_manifest import manifest_problem, write_manifest
 from rlflow.trainer.fingerprint import fingerprint_differences, read_fingerprint, run_fingerprint, write_fingerprint
 from rlflow.utils.durable import fsync_path, fsync_tree, write_atomic
 from rlflow.utils.logging import get_logger
+from rlflow.utils.safe_io import load_weights_only
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 DRIVER_STATE = "driver_state.pt"
@@ -200,7 +201,7 @@ class CheckpointManager:
 
     @staticmethod
     def load_driver_state(folder: Path) -> dict[str, Any]:
-        return torch.load(folder / DRIVER_STATE, weights_only=False)
+        return load_weights_only(folder / DRIVER_STATE, CheckpointError)
 
     def _prune(self, saved_step: int) -> None:
         """Keep ``max_to_keep`` checkpoints: the one just saved plus the newest older ones.

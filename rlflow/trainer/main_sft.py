@@ -55,7 +55,8 @@ def launch_ray(config: DictConfig) -> History:
     model_path = ensure_model(config.model, tokenizer_corpus())
     run = prepare_sft_run(config, model_path)
     lock = open_run_folder(config)  # before Ray starts
-    init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir)
+    init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir,
+             node_ip_address=trainer.ray_node_ip_address)
     group = None
     try:
         pool = ResourcePool(

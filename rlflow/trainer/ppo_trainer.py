@@ -111,7 +111,8 @@ class PPOTrainer:
 
     def _start_workers(self) -> None:
         trainer = self.config.trainer
-        init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir)
+        init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir,
+                 node_ip_address=trainer.ray_node_ip_address)
         self.roles = place_roles(self.config, self.model_path, self.use_ref, self.use_critic)
 
     # ------------------------------------------------------------------ the loop

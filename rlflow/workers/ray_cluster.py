@@ -1,19 +1,20 @@
 """Start or join the Ray cluster the controller drives.
 
-``init_ray()`` starts a private local cluster (token auth off, no dashboard);
-``init_ray(address="auto")`` or ``init_ray(address="10.0.0.1:6379")`` joins one started with
-``ray start`` (see docs/multinode.md). It never runs ``ray stop``: that would kill every Ray
-process on the machine, other users' included.
+``init_ray()`` starts a private local cluster: every port on loopback, token auth on (unless
+``RAY_AUTH_MODE`` is set), no dashboard; see ``ray_security``. ``init_ray(address="auto")`` or
+``init_ray(address="10.0.0.1:6379")`` joins one started with ``ray start`` under that cluster's
+own network and auth settings (see docs/multinode.md). It never runs ``ray stop``: that would
+kill every Ray process on the machine, other users' included.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import Any, Optional
 
 import ray
 
 from rlflow.utils.logging import get_logger
+from rlflow.workers.ray_security import LOOPBACK, ClusterAuth, node_ip_scope
 
 logger = get_logger(__name__)
 
@@ -22,6 +23,7 @@ logger = get_logger(__name__)
 _SOCKET_SUFFIX_CHARS = 64
 _MAX_SOCKET_PATH = 107
 _WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+_AUTH = ClusterAuth()
 
 
 def init_ray(
@@ -29,21 +31,22 @@ def init_ray(
     num_cpus: float | None = None,
     temp_dir: str | None = None,
     object_store_memory: int | None = None,
+    node_ip_address: Optional[str] = LOOPBACK,
     **ray_init_kwargs: Any,
 ) -> None:
     """Connect this process to Ray, starting a local cluster when ``address`` is None.
 
-    A local cluster gets ``RAY_AUTH_MODE=disabled`` (Ray 2.60 otherwise writes and demands a
-    token), no dashboard, and ``temp_dir`` for its sockets and logs (keep the path short:
-    Ray's socket paths must stay under 108 characters). Calling it again while connected is
-    a no-op.
+    A local cluster listens on ``node_ip_address`` only (loopback by default; a real interface
+    address, or None for Ray's own pick, opens it to other machines, which then also listens on
+    all interfaces), requires a token (a fresh one, unless ``RAY_AUTH_MODE`` is set), runs no
+    dashboard, and keeps its sockets and logs in ``temp_dir`` (keep the path short: Ray's socket
+    paths must stay under 108 characters). Calling it again while connected is a no-op.
     """
     if ray.is_initialized():
         return
     runtime_env = dict(ray_init_kwargs.pop("runtime_env", None) or {})
     runtime_env["env_vars"] = {**_WORKER_ENV, **runtime_env.get("env_vars", {})}
     if address is None:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         if temp_dir is not None and len(temp_dir) + _SOCKET_SUFFIX_CHARS > _MAX_SOCKET_PATH:
             raise ValueError(
                 f"temp_dir {temp_dir!r} is {len(temp_dir)} characters; Ray adds about {_SOCKET_SUFFIX_CHARS} for its "
@@ -51,13 +54,20 @@ def init_ray(
                 "tempfile.mkdtemp(prefix='r', dir='/tmp')"
             )
         ray_init_kwargs.setdefault("include_dashboard", False)
-        ray.init(
-            num_cpus=num_cpus,
-            object_store_memory=object_store_memory,
-            _temp_dir=temp_dir,
-            runtime_env=runtime_env,
-            **ray_init_kwargs,
-        )
+        _AUTH.enable()
+        try:
+            with node_ip_scope(node_ip_address):
+                ray.init(
+                    num_cpus=num_cpus,
+                    object_store_memory=object_store_memory,
+                    _temp_dir=temp_dir,
+                    _node_ip_address=node_ip_address,
+                    runtime_env=runtime_env,
+                    **ray_init_kwargs,
+                )
+        except BaseException:
+            _AUTH.restore()
+            raise
     else:
         ray.init(address=address, runtime_env=runtime_env, **ray_init_kwargs)
     logger.info("ray connected: %s", {k: v for k, v in ray.cluster_resources().items() if "node:" not in k})
@@ -67,3 +77,4 @@ def shutdown_ray() -> None:
     """Disconnect this process from Ray (and stop the local cluster it started). Never ``ray stop``."""
     if ray.is_initialized():
         ray.shutdown()
+    _AUTH.restore()

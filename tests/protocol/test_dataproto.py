@@ -184,7 +184,7 @@ def test_concat_with_different_keys_and_bad_iterators(tmp_path):
         make_batch(3).unpad(9)
     with pytest.raises(DataProtoError, match="out of range"):
         make_batch(3)[np.array([3])]
-    path = tmp_path / "x.pkl"
-    path.write_bytes(pickle.dumps({"a": 1}))
+    path = tmp_path / "x.pt"
+    torch.save({"a": 1}, path)
     with pytest.raises(DataProtoError, match="does not hold a DataProto"):
         DataProto.load_from_disk(path)

@@ -52,6 +52,8 @@ class RaySessions:
         self._saved_tmpdir = os.environ.get("RAY_TMPDIR")
         os.environ["RAY_TMPDIR"] = self.temp_dir
         os.makedirs(os.path.join(self.temp_dir, "ray"))
+        # Ray's defaults for Cluster: all interfaces, no token (RAY_AUTH_MODE unset). Its head did not come up
+        # with token auth here, and ray.init rewrites a 127.0.0.1 address to the machine's IP when it joins.
         self.cluster = Cluster(
             initialize_head=True, head_node_args={"num_cpus": cpus_per_node[0], "include_dashboard": False}
         )

@@ -39,6 +39,7 @@ from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.errors import CheckpointError
 from rlflow.utils.durable import fsync_path, fsync_tree
 from rlflow.utils.logging import get_logger
+from rlflow.utils.safe_io import load_weights_only
 from rlflow.utils.seed import get_rng_state, set_rng_state
 
 __all__ = [
@@ -148,7 +149,7 @@ def load_rng(folder: Path, rank: int) -> None:
     file = folder / f"rng_rank{rank}.pt"
     if not file.is_file():
         raise CheckpointError(f"checkpoint {folder} has no RNG state for rank {rank} ({file.name})")
-    set_rng_state(torch.load(file, weights_only=False))
+    set_rng_state(load_weights_only(file, CheckpointError))
 
 
 class EngineCheckpointer:
