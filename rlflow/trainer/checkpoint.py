@@ -27,6 +27,7 @@ from rlflow.errors import CheckpointError
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 DRIVER_STATE = "driver_state.pt"
 PARTIAL_SUFFIX = ".partial"
+RESUME_MODES = ("auto", "disable", "path")  # trainer.resume_mode values resolve() accepts (config_choices checks them)
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 

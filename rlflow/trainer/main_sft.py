@@ -20,7 +20,6 @@ from typing import Any, Callable
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from rlflow.config import ConfigError
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.ensure import ensure_model
 from rlflow.observability.tracking import Tracking
@@ -100,12 +99,9 @@ LAUNCHERS: dict[str, Callable[[DictConfig], History]] = {"ray": launch_ray, "tor
 
 
 def run_sft(config: DictConfig) -> History:
-    """Validate a composed ``sft_trainer`` config and train with the configured launcher."""
+    """Validate a composed ``sft_trainer`` config (the launcher among them) and train with the configured launcher."""
     config = load_sft_config(config)
-    launcher = LAUNCHERS.get(config.trainer.launcher)
-    if launcher is None:
-        raise ConfigError(f"config key 'trainer.launcher': {config.trainer.launcher!r}; choose one of {sorted(LAUNCHERS)}")
-    return launcher(config)
+    return LAUNCHERS[config.trainer.launcher](config)
 
 
 def run(config: DictConfig) -> None:

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from rlflow.config import ConfigError
 from rlflow.roles.actor import Actor
 from rlflow.roles.actor_rollout_ref import ActorRolloutRef
 from rlflow.roles.critic import Critic
@@ -59,11 +58,8 @@ def _pool(trainer_config: Any, name: str, procs_per_node: int) -> ResourcePool:
 
 
 def place_roles(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
-    """Start the worker groups ``trainer.placement`` asks for."""
-    placements = {"colocated": _place_colocated, "split": _place_split}
-    if config.trainer.placement not in placements:
-        raise ConfigError(f"config key 'trainer.placement': {config.trainer.placement!r} is not one of {sorted(placements)}")
-    return placements[config.trainer.placement](config, model_path, use_ref, use_critic)
+    """Start the worker groups ``trainer.placement`` (checked in config loading) asks for."""
+    return PLACEMENTS[config.trainer.placement](config, model_path, use_ref, use_critic)
 
 
 def _reward_model_spec(config: Any, model_path: Path) -> Optional[WorkerSpec]:
@@ -111,3 +107,7 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
             group.shutdown()
         raise
     return PlacedRoles(actor, rollout, ref, critic, reward_model, colocated=False, groups=groups)
+
+
+# trainer.placement -> the function that starts its worker groups (config_choices checks the key against it).
+PLACEMENTS: dict[str, Callable[[Any, Path, bool, bool], PlacedRoles]] = {"colocated": _place_colocated, "split": _place_split}
