@@ -12,6 +12,7 @@ from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.engines.config import EngineConfigError
 from rlflow.engines.registry import EngineRegistry
 from rlflow.trainer.config_choices import Choice, check_choices, ppo_choices, sft_choices
+from rlflow.trainer.timeouts import check_timeouts
 from rlflow.utils.plugins import import_plugins
 
 # Where the `engine` group is mounted in each entry point's config.
@@ -58,10 +59,11 @@ def import_configured_plugins(cfg: DictConfig) -> DictConfig:
 
 
 def _load(cfg: DictConfig, schema: type, engine_mounts: tuple[str, ...], choices: Callable[[tuple[str, ...]], list[Choice]]) -> DictConfig:
-    """Plugins first (they may register names), then keys and types, then every choice value."""
+    """Plugins first (they may register names), then keys and types, then every choice value and the timeouts."""
     cfg = import_configured_plugins(cfg)
     config = validate_config(cfg, schema, {path: _engine_schema_resolver(path) for path in engine_mounts})
     check_choices(config, choices(engine_mounts))
+    check_timeouts(config.trainer.timeouts)
     return config
 
 

@@ -27,6 +27,7 @@ from rlflow.roles.sft_worker import SFTWorker
 from rlflow.trainer.config_loading import SFT_GROUP_SHORTHANDS, load_sft_config
 from rlflow.trainer.entry import run_hydra_entry
 from rlflow.trainer.sft_trainer import SFTRun, SFTTrainer, prepare_sft_run
+from rlflow.trainer.timeouts import group_timeouts
 from rlflow.workers import RayWorkerGroup, ResourcePool, WorkerSpec, init_ray, shutdown_ray
 from rlflow.workers.local_group import LocalWorkerGroup
 from rlflow.workers.worker import ENV_DEVICE, WorkerContext, setup_worker_process
@@ -61,7 +62,8 @@ def launch_ray(config: DictConfig) -> History:
             device=trainer.device,
             name="sft",
         )
-        group = RayWorkerGroup(pool, WorkerSpec(SFTWorker, run.engine_config, str(model_path)), name="sft")
+        group = RayWorkerGroup(pool, WorkerSpec(SFTWorker, run.engine_config, str(model_path)), name="sft",
+                               timeouts=group_timeouts(trainer.timeouts))
         with _tracking(config, run) as tracking:
             return SFTTrainer(config, group, run, tracking).fit()
     finally:

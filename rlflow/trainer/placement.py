@@ -20,6 +20,7 @@ from rlflow.roles.critic import Critic
 from rlflow.roles.reference import Reference
 from rlflow.roles.reward_model import RewardModel
 from rlflow.roles.rollout_worker import RolloutWorker
+from rlflow.trainer.timeouts import group_timeouts
 from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
 
 
@@ -78,7 +79,8 @@ def _place_colocated(config: Any, model_path: Path, use_ref: bool, use_critic: b
         "actor": WorkerSpec(ActorRolloutRef, config.actor, config.rollout, str(model_path), config.ref if use_ref else None),
         **{role: spec for role, spec in optional.items() if spec is not None},
     }
-    group = RayWorkerGroup(_pool(config.trainer, "colocated", config.trainer.n_procs_per_node), workers, name="colocated")
+    group = RayWorkerGroup(_pool(config.trainer, "colocated", config.trainer.n_procs_per_node), workers, name="colocated",
+                           timeouts=group_timeouts(config.trainer.timeouts))
     actor = group.role("actor")
     hosted = {role: group.role(role) if role in workers else None for role in optional}
     return PlacedRoles(actor, actor, actor if use_ref else None, hosted["critic"], hosted["reward_model"],
@@ -89,7 +91,7 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
     groups = []
 
     def start(name: str, spec: WorkerSpec, procs: int) -> RoleHandle:
-        group = RayWorkerGroup(_pool(config.trainer, name, procs), spec, name=name)
+        group = RayWorkerGroup(_pool(config.trainer, name, procs), spec, name=name, timeouts=group_timeouts(config.trainer.timeouts))
         groups.append(group)
         return group.role("main")
 

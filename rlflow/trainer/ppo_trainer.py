@@ -70,7 +70,7 @@ class PPOTrainer:
         self._check_batch_sizes()
         self._fill_derived_config()
         self.kl_ctrl = get_kl_controller(algo.kl_ctrl)
-        self.reward_manager = RewardManager(self.tokenizer, config.reward)
+        self.reward_manager = RewardManager(self.tokenizer, config.reward, config.trainer.timeouts.reward_s)
         self.checkpoints = CheckpointManager(config.trainer.default_local_dir, config.trainer.max_ckpt_to_keep)
         set_seed(config.trainer.seed)
         self.roles: Optional[PlacedRoles] = None

@@ -12,6 +12,8 @@ from rlflow.errors import UserError
 from rlflow.protocol import DataProto, DataProtoFuture
 from rlflow.workers import (
     ONE_TO_ALL,
+    CallLimit,
+    GroupTimeouts,
     RayWorkerGroup,
     ResourcePool,
     Worker,
@@ -149,12 +151,14 @@ def test_user_error_in_a_worker_stays_a_one_line_user_error(group4):
 
 
 def test_call_timeout_raises_instead_of_waiting(group2):
-    group2.call_timeout_s = 0.5
+    group2.timeouts = GroupTimeouts(default=CallLimit(0.5, "nap", "test.nap_s"))
     try:
-        with pytest.raises(WorkerTimeoutError, match=r"main.nap did not finish within 0.5 s on ranks \[0, 1\]"):
+        with pytest.raises(WorkerTimeoutError, match=r"nap phase timed out: main.nap did not finish within 0.5 s on ranks "
+                                                     r"\[0, 1\] of worker group 'g2' .*raise test.nap_s") as raised:
             group2.execute_all("nap", 3.0)
+        assert isinstance(raised.value, UserError) and "\n" not in str(raised.value)
     finally:
-        group2.call_timeout_s = None
+        group2.timeouts = GroupTimeouts()
     assert group2.execute_all("nap", 0.0) == [0, 1]
 
 
