@@ -216,7 +216,8 @@ class RayWorkerGroup:
             self._gather({r: h.import_plugins.remote(plugins) for r, h in enumerate(self._hosts)}, "import_plugins", init)
         master = self._gather({0: self._hosts[0].offer_master_address.remote()}, "offer_master_address", init)[0]
         builds = {role: (spec.cls, spec.args, spec.kwargs) for role, spec in specs.items()}
-        infos = self._gather({r: h.build.remote(*master, builds) for r, h in enumerate(self._hosts)}, "build", init)
+        label = ", ".join(f"{role}.__init__" for role in specs)
+        infos = self._gather({r: h.build.remote(*master, builds) for r, h in enumerate(self._hosts)}, label, init)
         self.workers: list[WorkerInfo] = [infos[rank] for rank in range(pool.world_size)]
         logger.info("group '%s': %d worker(s), roles %s", self.name, pool.world_size, list(specs))
 

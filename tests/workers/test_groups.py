@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from sample_workers import ProbeWorker
+from sample_workers import ProbeWorker, SlowInitWorker
 
 from rlflow.errors import UserError
 from rlflow.protocol import DataProto, DataProtoFuture
@@ -160,6 +160,19 @@ def test_call_timeout_raises_instead_of_waiting(group2):
     finally:
         group2.timeouts = GroupTimeouts()
     assert group2.execute_all("nap", 0.0) == [0, 1]
+
+
+def test_start_up_timeout_names_the_roles_and_kills_without_waiting(local_ray):
+    pool = ResourcePool(procs_per_node=1, cpus_per_proc=0.5, device="cpu", name="slowinit")
+    limits = GroupTimeouts(init=CallLimit(15.0, "init", "trainer.timeouts.init_s"))  # process start counts too
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerTimeoutError, match=r"init phase timed out: main.__init__ did not finish within 15.0 s "
+                                                     r"on ranks \[0\] of worker group 'slow'"):
+            RayWorkerGroup(pool, WorkerSpec(SlowInitWorker, 600.0), name="slow", timeouts=limits)
+        assert time.monotonic() - start < 15.0 + 20, "the hung worker is killed, not waited on to close"
+    finally:
+        pool.release()
 
 
 def test_pool_hosts_one_group(group2):
