@@ -188,6 +188,22 @@ class RewardConfig:
 
 
 @dataclass
+class TimeoutsConfig:
+    """Seconds the driver waits on each phase before it stops the run (trainer.timeouts; docs/reliability/timeouts.md).
+
+    Generous for real GPU runs, but finite: a hung engine, reward function or rank ends the run
+    with one line naming the phase, the role and the ranks, instead of waiting forever.
+    """
+
+    init_s: float = 3600.0  # worker start-up: model load, process groups, vLLM engine build
+    generate_s: float = 7200.0  # one generate call (long-CoT rollouts of a 7B model take many minutes)
+    reward_s: float = 3600.0  # scoring one batch (rule/custom functions, reward model)
+    forward_backward_s: float = 7200.0  # one log-prob/value pass, one actor mini-batch update, one critic update
+    sync_s: float = 1800.0  # actor -> rollout weight sync
+    save_s: float = 3600.0  # checkpoint save/load and the HF export
+
+
+@dataclass
 class RunConfig:
     """Run-level settings every entry point shares: names, trackers, cluster shape, loop length, checkpoints."""
 
@@ -214,6 +230,7 @@ class RunConfig:
     max_consecutive_skipped_steps: int = 5  # abort after this many non-finite-gradient steps in a row; 0: never
     export_hf_dir: Optional[str] = None  # null: <default_local_dir>/hf
     plugins: list[str] = field(default_factory=list)  # modules / .py files every process imports first (docs/config.md)
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
     external_lib: Any = None  # verl's spelling: a module or file, or a list; merged into `plugins` at start-up
 
 

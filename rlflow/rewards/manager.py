@@ -7,6 +7,11 @@ next to Ray and torch threads, and reused across batches); each worker runs the 
 ``score_samples`` as the serial path, so the scores are identical. Each worker imports the
 driver's plugins (``trainer.plugins``) when it starts, before it unpickles a task, so reward
 functions a plugin registered reach it by reference.
+
+``timeout_s`` bounds each batch (``trainer.timeouts.reward_s``): past it the worker processes
+are killed, or the in-process call is abandoned in its thread (``rlflow.rewards.deadline``),
+and ``RewardTimeoutError`` ends the run. There is no per-sample limit: a hung sample holds the
+whole batch until the batch limit.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import multiprocessing
 import pickle
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Any, Optional
 
 import numpy as np
@@ -23,6 +29,7 @@ import torch
 from rlflow.errors import UserError
 from rlflow.protocol import DataProto
 from rlflow.rewards.custom import load_custom_function
+from rlflow.rewards.deadline import RewardTimeoutError, kill_pool, run_with_deadline
 from rlflow.rewards.registry import RewardFn, get_reward_fn
 from rlflow.rewards.scoring import RewardInput, ScoreResult, score_samples
 from rlflow.utils.logging import get_logger
@@ -35,10 +42,14 @@ MAX_LOGGED_ERRORS = 5
 
 
 class RewardManager:
-    """Scores a batch of responses with rule rewards (or the custom function), serially or in worker processes."""
+    """Scores a batch of responses with rule rewards (or the custom function), serially or in worker processes.
 
-    def __init__(self, tokenizer: Any, reward_config: Any):
+    ``timeout_s``: the limit on one batch (None: none); past it ``RewardTimeoutError`` is raised.
+    """
+
+    def __init__(self, tokenizer: Any, reward_config: Any, timeout_s: Optional[float] = None):
         self.tokenizer = tokenizer
+        self.timeout_s = timeout_s
         self.custom_function: Optional[str] = reward_config.custom_function or None
         self.num_workers = int(reward_config.num_workers)
         self.error_score = float(reward_config.error_score)
@@ -86,7 +97,8 @@ class RewardManager:
     def _score(self, samples: list[RewardInput]) -> list[ScoreResult]:
         functions = self._functions(samples)
         if self.num_workers == 0 or len(samples) < 2:
-            return score_samples(samples, functions, self.custom_function, self.error_score)
+            return run_with_deadline(score_samples, (samples, functions, self.custom_function, self.error_score),
+                                     self.timeout_s, f"the reward function in the driver, on {len(samples)} samples")
         _check_picklable(functions)
         n_chunks = min(self.num_workers, len(samples))
         bounds = np.linspace(0, len(samples), n_chunks + 1).astype(int)
@@ -95,6 +107,13 @@ class RewardManager:
             pool.submit(score_samples, samples[start:stop], functions, self.custom_function, self.error_score)
             for start, stop in zip(bounds[:-1], bounds[1:])
         ]
+        _, pending = wait_futures(futures, timeout=self.timeout_s)
+        if pending:
+            kill_pool(pool)
+            self._pool = None
+            chunks = [f"samples {start}-{stop - 1}" for future, start, stop in zip(futures, bounds[:-1], bounds[1:])
+                      if future in pending]
+            raise RewardTimeoutError(self.timeout_s, f"reward worker processes on {', '.join(chunks)}")
         return [result for future in futures for result in future.result()]
 
     def _get_pool(self) -> ProcessPoolExecutor:

@@ -47,7 +47,7 @@ LATEST_FILE = "latest_checkpointed_iteration.txt"
 DRIVER_STATE = "driver_state.pt"
 PARTIAL_SUFFIX = ".partial"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
-RESUME_MODES = ("auto", "force", "disable", "path")  # trainer.resume_mode
+RESUME_MODES = ("auto", "force", "disable", "path")  # trainer.resume_mode values resolve() accepts (config_choices checks them)
 # A save that fails with one of these (or a worker error naming one) is reported as a full disk.
 _DISK_FULL = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded", errno.EFBIG: "File too large"}
 logger = get_logger(__name__)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
@@ -11,6 +11,8 @@ from rlflow.config import ConfigError, validate_config
 from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.engines.config import EngineConfigError
 from rlflow.engines.registry import EngineRegistry
+from rlflow.trainer.config_choices import Choice, check_choices, ppo_choices, sft_choices
+from rlflow.trainer.timeouts import check_timeouts
 from rlflow.utils.plugins import import_plugins
 
 # Where the `engine` group is mounted in each entry point's config.
@@ -56,19 +58,23 @@ def import_configured_plugins(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def _load(cfg: DictConfig, schema: type, engine_mounts: tuple[str, ...]) -> DictConfig:
+def _load(cfg: DictConfig, schema: type, engine_mounts: tuple[str, ...], choices: Callable[[tuple[str, ...]], list[Choice]]) -> DictConfig:
+    """Plugins first (they may register names), then keys and types, then every choice value and the timeouts."""
     cfg = import_configured_plugins(cfg)
-    return validate_config(cfg, schema, {path: _engine_schema_resolver(path) for path in engine_mounts})
+    config = validate_config(cfg, schema, {path: _engine_schema_resolver(path) for path in engine_mounts})
+    check_choices(config, choices(engine_mounts))
+    check_timeouts(config.trainer.timeouts)
+    return config
 
 
 def load_ppo_config(cfg: DictConfig) -> DictConfig:
-    """Validate a composed ``ppo_trainer`` config; raises ``ConfigError`` naming the bad key."""
-    return _load(cfg, PPOConfig, PPO_ENGINE_MOUNTS)
+    """Validate a composed ``ppo_trainer`` config; raises a ``UserError`` naming the bad key."""
+    return _load(cfg, PPOConfig, PPO_ENGINE_MOUNTS, ppo_choices)
 
 
 def load_sft_config(cfg: DictConfig) -> DictConfig:
-    """Validate a composed ``sft_trainer`` config; raises ``ConfigError`` naming the bad key."""
-    return _load(cfg, SFTConfig, SFT_ENGINE_MOUNTS)
+    """Validate a composed ``sft_trainer`` config; raises a ``UserError`` naming the bad key."""
+    return _load(cfg, SFTConfig, SFT_ENGINE_MOUNTS, sft_choices)
 
 
 def compose_ppo_config(overrides: Sequence[str]) -> DictConfig:

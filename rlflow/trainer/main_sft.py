@@ -20,7 +20,6 @@ from typing import Any, Callable
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from rlflow.config import ConfigError
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.errors import UserError
 from rlflow.models.ensure import ensure_model, model_folder
@@ -30,6 +29,7 @@ from rlflow.trainer.config_loading import SFT_GROUP_SHORTHANDS, load_sft_config
 from rlflow.trainer.entry import run_hydra_entry
 from rlflow.trainer.run_folder import RunLock, open_run_folder
 from rlflow.trainer.sft_trainer import SFTRun, SFTTrainer, prepare_sft_run
+from rlflow.trainer.timeouts import group_timeouts
 from rlflow.workers import RayWorkerGroup, ResourcePool, WorkerSpec, init_ray, shutdown_ray
 from rlflow.workers.local_group import LocalWorkerGroup
 from rlflow.workers.worker import ENV_DEVICE, WorkerContext, setup_worker_process
@@ -66,7 +66,8 @@ def launch_ray(config: DictConfig) -> History:
             device=trainer.device,
             name="sft",
         )
-        group = RayWorkerGroup(pool, WorkerSpec(SFTWorker, run.engine_config, str(model_path)), name="sft")
+        group = RayWorkerGroup(pool, WorkerSpec(SFTWorker, run.engine_config, str(model_path)), name="sft",
+                               timeouts=group_timeouts(trainer.timeouts))
         with _tracking(config, run) as tracking:
             return SFTTrainer(config, group, run, tracking).fit()
     finally:
@@ -126,12 +127,9 @@ LAUNCHERS: dict[str, Callable[[DictConfig], History]] = {"ray": launch_ray, "tor
 
 
 def run_sft(config: DictConfig) -> History:
-    """Validate a composed ``sft_trainer`` config and train with the configured launcher."""
+    """Validate a composed ``sft_trainer`` config (the launcher among them) and train with the configured launcher."""
     config = load_sft_config(config)
-    launcher = LAUNCHERS.get(config.trainer.launcher)
-    if launcher is None:
-        raise ConfigError(f"config key 'trainer.launcher': {config.trainer.launcher!r}; choose one of {sorted(LAUNCHERS)}")
-    return launcher(config)
+    return LAUNCHERS[config.trainer.launcher](config)
 
 
 def run(config: DictConfig) -> None:

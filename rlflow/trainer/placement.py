@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from rlflow.config import ConfigError
 from rlflow.roles.actor import Actor
 from rlflow.roles.actor_rollout_ref import ActorRolloutRef
 from rlflow.roles.critic import Critic
 from rlflow.roles.reference import Reference
 from rlflow.roles.reward_model import RewardModel
 from rlflow.roles.rollout_worker import RolloutWorker
+from rlflow.trainer.timeouts import group_timeouts
 from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
 
 
@@ -59,11 +59,8 @@ def _pool(trainer_config: Any, name: str, procs_per_node: int) -> ResourcePool:
 
 
 def place_roles(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
-    """Start the worker groups ``trainer.placement`` asks for."""
-    placements = {"colocated": _place_colocated, "split": _place_split}
-    if config.trainer.placement not in placements:
-        raise ConfigError(f"config key 'trainer.placement': {config.trainer.placement!r} is not one of {sorted(placements)}")
-    return placements[config.trainer.placement](config, model_path, use_ref, use_critic)
+    """Start the worker groups ``trainer.placement`` (checked in config loading) asks for."""
+    return PLACEMENTS[config.trainer.placement](config, model_path, use_ref, use_critic)
 
 
 def _reward_model_spec(config: Any, model_path: Path) -> Optional[WorkerSpec]:
@@ -82,7 +79,8 @@ def _place_colocated(config: Any, model_path: Path, use_ref: bool, use_critic: b
         "actor": WorkerSpec(ActorRolloutRef, config.actor, config.rollout, str(model_path), config.ref if use_ref else None),
         **{role: spec for role, spec in optional.items() if spec is not None},
     }
-    group = RayWorkerGroup(_pool(config.trainer, "colocated", config.trainer.n_procs_per_node), workers, name="colocated")
+    group = RayWorkerGroup(_pool(config.trainer, "colocated", config.trainer.n_procs_per_node), workers, name="colocated",
+                           timeouts=group_timeouts(config.trainer.timeouts))
     actor = group.role("actor")
     hosted = {role: group.role(role) if role in workers else None for role in optional}
     return PlacedRoles(actor, actor, actor if use_ref else None, hosted["critic"], hosted["reward_model"],
@@ -93,7 +91,7 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
     groups = []
 
     def start(name: str, spec: WorkerSpec, procs: int) -> RoleHandle:
-        group = RayWorkerGroup(_pool(config.trainer, name, procs), spec, name=name)
+        group = RayWorkerGroup(_pool(config.trainer, name, procs), spec, name=name, timeouts=group_timeouts(config.trainer.timeouts))
         groups.append(group)
         return group.role("main")
 
@@ -111,3 +109,7 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
             group.shutdown()
         raise
     return PlacedRoles(actor, rollout, ref, critic, reward_model, colocated=False, groups=groups)
+
+
+# trainer.placement -> the function that starts its worker groups (config_choices checks the key against it).
+PLACEMENTS: dict[str, Callable[[Any, Path, bool, bool], PlacedRoles]] = {"colocated": _place_colocated, "split": _place_split}

@@ -74,7 +74,7 @@ class PPOTrainer:
         self._check_batch_sizes()
         self._fill_derived_config()
         self.kl_ctrl = get_kl_controller(algo.kl_ctrl)
-        self.reward_manager = RewardManager(self.tokenizer, config.reward)
+        self.reward_manager = RewardManager(self.tokenizer, config.reward, config.trainer.timeouts.reward_s)
         self.guard = DivergenceGuard.from_config(config)
         self.checkpoints = CheckpointManager.for_run(config)
         set_seed(config.trainer.seed)

@@ -10,6 +10,7 @@ import os
 import torch
 
 _ACCELERATOR = "cuda"  # the only accelerator family rlflow targets today
+DEVICES = ("auto", "cpu", _ACCELERATOR)  # the values of every `device` config key
 
 
 def is_accelerator_available() -> bool:
@@ -21,8 +22,8 @@ def resolve_device_type(requested: str = "auto") -> str:
     """Map a config value (``auto``, ``cpu``, ``cuda``) to a concrete device type."""
     if requested == "auto":
         return _ACCELERATOR if is_accelerator_available() else "cpu"
-    if requested not in ("cpu", _ACCELERATOR):
-        raise ValueError(f"device must be one of auto, cpu, {_ACCELERATOR}; got {requested!r}")
+    if requested not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {requested!r}")
     if requested == _ACCELERATOR and not is_accelerator_available():
         raise RuntimeError(f"device={requested!r} was requested but no {_ACCELERATOR} device is visible")
     return requested

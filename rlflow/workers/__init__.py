@@ -3,6 +3,7 @@
 See docs/single_controller.md for the design and a usage example.
 """
 
+from rlflow.workers.call_limits import CallLimit, GroupTimeouts
 from rlflow.workers.decorator import MethodSpec, register
 from rlflow.workers.dispatch import (
     ALL_TO_ALL,
@@ -30,6 +31,8 @@ from rlflow.workers.worker import Worker, WorkerContext
 from rlflow.workers.worker_group import RayWorkerGroup, RoleHandle, WorkerSpec
 
 __all__ = [
+    "CallLimit",
+    "GroupTimeouts",
     "ALL_TO_ALL",
     "DISPATCH_MODE_REGISTRY",
     "DP_COMPUTE",

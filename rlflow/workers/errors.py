@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from rlflow.errors import UserError
 
 
@@ -71,15 +73,26 @@ class WorkerDiedError(RuntimeError):
         super().__init__(f"worker rank {rank} died while running {method}: {reason}")
 
 
-class WorkerTimeoutError(TimeoutError):
-    """Workers did not answer a call within the group's ``call_timeout_s``."""
+class WorkerTimeoutError(UserError, TimeoutError):
+    """Workers did not answer a call within its ``CallLimit``: names the phase, the call and the ranks still running.
 
-    def __init__(self, method: str, pending_ranks: list[int], timeout_s: float):
+    A ``UserError``: the entry points print it as one line and exit with status 2, since what
+    to do is either to raise the limit (the message names its config key) or to fix the hang.
+    """
+
+    def __init__(self, method: str, pending_ranks: list[int], timeout_s: float, phase: Optional[str] = None,
+                 config_key: Optional[str] = None, group: Optional[str] = None):
         self.method = method
         self.pending_ranks = pending_ranks
+        self.timeout_s = timeout_s
+        self.phase = phase
+        self.group = group
+        where = f" of worker group '{group}'" if group else ""
+        fix = f"raise {config_key}" if config_key else "raise the call's timeout"
         super().__init__(
-            f"{method} did not finish within {timeout_s:.1f} s on ranks {pending_ranks}; "
-            "raise call_timeout_s if the work is legitimately this slow"
+            (f"{phase} phase timed out: " if phase else "")
+            + f"{method} did not finish within {timeout_s:.1f} s on ranks {pending_ranks}{where} (still running there); "
+            f"{fix} if the work is legitimately this slow, else look for a hung worker"
         )
 
 

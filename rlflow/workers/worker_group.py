@@ -18,6 +18,7 @@ import ray
 from rlflow.protocol import DataProtoFuture
 from rlflow.utils.logging import get_logger
 from rlflow.utils.plugins import loaded_plugins
+from rlflow.workers.call_limits import CallLimit, GroupTimeouts
 from rlflow.workers.decorator import MethodSpec, registered_methods
 from rlflow.workers.dispatch import ONE_TO_ALL, RANK_ZERO, DispatchContext, get_dispatch_mode
 from rlflow.workers.errors import WorkerDiedError, WorkerError, WorkerTimeoutError, worker_error_from
@@ -37,6 +38,7 @@ _DEATH_ERRORS = (
 )
 _PLAIN_VALUES = (int, float, str, bool, bytes, type(None))
 _SINGLE_ROLE = "main"
+NO_LIMIT = CallLimit(None)
 
 
 class WorkerSpec:
@@ -48,16 +50,21 @@ class WorkerSpec:
         self.cls, self.args, self.kwargs = cls, args, kwargs
 
 
-def gather(refs: Mapping[int, ray.ObjectRef], method: str, timeout_s: float | None = None) -> dict[int, Any]:
-    """Wait for per-rank results; the first failure raises at once as WorkerError / WorkerDiedError."""
+def gather(refs: Mapping[int, ray.ObjectRef], method: str, limit: CallLimit = NO_LIMIT, group: str | None = None) -> dict[int, Any]:
+    """Wait for per-rank results; the first failure raises at once as WorkerError / WorkerDiedError.
+
+    Past ``limit.timeout_s`` it raises ``WorkerTimeoutError`` naming the phase, ``method`` and
+    the ranks still running (``group``: the worker group's name, for the message).
+    """
     pending = {ref: rank for rank, ref in refs.items()}
     results: dict[int, Any] = {}
+    timeout_s = limit.timeout_s
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while pending:
         wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
         if not ready:
-            raise WorkerTimeoutError(method, sorted(pending.values()), timeout_s)
+            raise WorkerTimeoutError(method, sorted(pending.values()), timeout_s, limit.phase, limit.config_key, group)
         for ref in ready:
             rank = pending.pop(ref)
             results[rank] = _fetch(ref, rank, method)
@@ -130,11 +137,11 @@ class RoleHandle:
             raise ValueError(f"dispatch mode '{mode.name}' addressed ranks {bad} outside 0..{self.world_size - 1}")
         refs = self._group._submit(self.role, spec.name, calls)
         ranks = list(refs)
-        timeout_s = self._group.call_timeout_s
+        limit = self._group.timeouts.for_method(spec.name)
         return DataProtoFuture(
             list(refs.values()),
             collect_fn=lambda outputs: mode.collect_fn(ctx, dict(zip(ranks, outputs))),
-            getter=lambda got: _in_order(gather(dict(zip(ranks, got)), label, timeout_s), ranks),
+            getter=lambda got: _in_order(self._group._gather(dict(zip(ranks, got)), label, limit), ranks),
         )
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
@@ -162,8 +169,10 @@ class RayWorkerGroup:
 
     ``workers``: a ``WorkerSpec`` (or a bare class) for one role, or ``{role_name: WorkerSpec}``
     to colocate roles in every process; they share its torch.distributed group. Calls that find
-    a dead worker raise ``WorkerDiedError``; a raising worker method raises ``WorkerError``; with
-    ``call_timeout_s`` set, a call that outlives it raises ``WorkerTimeoutError``. Every process
+    a dead worker raise ``WorkerDiedError``; a raising worker method raises ``WorkerError``; a
+    call that outlives its limit (``timeouts``: one for start-up, one per method, a default)
+    raises ``WorkerTimeoutError``, and ``shutdown`` then kills the workers without waiting for
+    them to close (they may be stuck in the call, or in a collective with it). Every process
     imports ``plugins`` (default: the plugins this process imported, ``loaded_plugins()``) before
     any role is built, so roles may be built from classes the plugins define and register.
     """
@@ -173,26 +182,26 @@ class RayWorkerGroup:
         resource_pool: ResourcePool,
         workers: WorkerSpec | type | Mapping[str, WorkerSpec | type],
         name: str = "workers",
-        call_timeout_s: float | None = None,
-        init_timeout_s: float = 600.0,
+        timeouts: GroupTimeouts = GroupTimeouts(),
         dist_timeout_s: float = 600.0,
         plugins: Sequence[str] | None = None,
     ):
         specs = _role_specs(workers)
         self.name = name
-        self.call_timeout_s = call_timeout_s
+        self.timeouts = timeouts
+        self._timed_out = False
         self._pool = resource_pool
         self._hosts: list[Any] = []
         self._mesh_cache: dict[str, MeshTable] = {}
         self._roles = {role: RoleHandle(self, role, spec.cls) for role, spec in specs.items()}
         resource_pool.claim(name)
         try:
-            self._start(specs, init_timeout_s, dist_timeout_s, list(loaded_plugins() if plugins is None else plugins))
+            self._start(specs, dist_timeout_s, list(loaded_plugins() if plugins is None else plugins))
         except BaseException:
             self.shutdown()
             raise
 
-    def _start(self, specs: dict[str, WorkerSpec], init_timeout_s: float, dist_timeout_s: float, plugins: list[str]) -> None:
+    def _start(self, specs: dict[str, WorkerSpec], dist_timeout_s: float, plugins: list[str]) -> None:
         pool = self._pool
         host_cls = ray.remote(WorkerHost)
         for rank, slot in enumerate(pool.slots):
@@ -202,11 +211,13 @@ class RayWorkerGroup:
                     rank, pool.world_size, slot.local_rank, pool.device, pool.num_threads, dist_timeout_s
                 )
             )
+        init = self.timeouts.init
         if plugins:
-            gather({r: h.import_plugins.remote(plugins) for r, h in enumerate(self._hosts)}, "import_plugins", init_timeout_s)
-        master = gather({0: self._hosts[0].offer_master_address.remote()}, "offer_master_address", init_timeout_s)[0]
+            self._gather({r: h.import_plugins.remote(plugins) for r, h in enumerate(self._hosts)}, "import_plugins", init)
+        master = self._gather({0: self._hosts[0].offer_master_address.remote()}, "offer_master_address", init)[0]
         builds = {role: (spec.cls, spec.args, spec.kwargs) for role, spec in specs.items()}
-        infos = gather({r: h.build.remote(*master, builds) for r, h in enumerate(self._hosts)}, "build", init_timeout_s)
+        label = ", ".join(f"{role}.__init__" for role in specs)
+        infos = self._gather({r: h.build.remote(*master, builds) for r, h in enumerate(self._hosts)}, label, init)
         self.workers: list[WorkerInfo] = [infos[rank] for rank in range(pool.world_size)]
         logger.info("group '%s': %d worker(s), roles %s", self.name, pool.world_size, list(specs))
 
@@ -239,9 +250,17 @@ class RayWorkerGroup:
         """The group's layout of ``mesh_name``, asked from the workers once and cached."""
         if mesh_name not in self._mesh_cache:
             queries = {r: h.mesh_info.remote(mesh_name) for r, h in enumerate(self._hosts)}
-            members = gather(queries, "mesh_info", self.call_timeout_s)
+            members = self._gather(queries, "mesh_info", self.timeouts.default)
             self._mesh_cache[mesh_name] = MeshTable.from_members(mesh_name, [members[r] for r in range(self.world_size)])
         return self._mesh_cache[mesh_name]
+
+    def _gather(self, refs: Mapping[int, ray.ObjectRef], method: str, limit: CallLimit) -> dict[int, Any]:
+        """``gather`` for this group's calls; a timeout marks the group so ``shutdown`` kills without waiting."""
+        try:
+            return gather(refs, method, limit, self.name)
+        except WorkerTimeoutError:
+            self._timed_out = True
+            raise
 
     def _submit(self, role: str, method: str, calls: dict[int, tuple[tuple, dict]]) -> dict[int, ray.ObjectRef]:
         """Start the per-rank calls; an argument object sent to several ranks is put in the object store once."""
@@ -265,8 +284,9 @@ class RayWorkerGroup:
         }
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Let the roles close, kill the actors and release the placement groups (idempotent)."""
+        """Let the roles close (not after a timed-out call), kill the actors and release the placement groups (idempotent)."""
         hosts, self._hosts = self._hosts, []
+        timeout_s = 0.0 if self._timed_out else timeout_s
         closing = [host.close.remote() for host in hosts]
         done, _ = ray.wait(closing, num_returns=len(closing), timeout=timeout_s) if closing else ([], [])
         for ref in done:

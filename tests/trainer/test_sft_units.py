@@ -11,7 +11,6 @@ from rlflow.config import ConfigError
 from rlflow.engines import LossContext
 from rlflow.protocol import DataProto
 from rlflow.roles.sft_worker import sft_loss
-from rlflow.trainer.main_sft import run_sft
 from rlflow.trainer.sft_trainer import SFTRun, SFTTrainer, pad_batch_without_loss, total_training_steps
 from rlflow.workers import MeshTable
 from sft_testlib import sft_config
@@ -53,9 +52,9 @@ def test_sft_loss_is_the_global_token_mean_scaled_for_the_dp_average():
 
 
 def test_unknown_launcher_is_a_config_error(tmp_path):
-    config = sft_config([f"trainer.default_local_dir={tmp_path}", "trainer.launcher=slurm"])
-    with pytest.raises(ConfigError, match="trainer.launcher.*ray.*torchrun"):
-        run_sft(config)
+    """Config loading rejects it (rlflow/trainer/config_choices.py), before any launcher runs."""
+    with pytest.raises(ConfigError, match="trainer.launcher.*ray, torchrun"):
+        sft_config([f"trainer.default_local_dir={tmp_path}", "trainer.launcher=slurm"])
 
 
 class _GroupOfDP:

@@ -152,3 +152,11 @@ def _round_robin_collect(ctx, outputs):
 
 
 register_dispatch_mode("round_robin", _round_robin_dispatch, _round_robin_collect, override=True)
+
+
+class SlowInitWorker(Worker):
+    """Takes ``seconds`` to build: a worker start-up that outlives its limit."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        time.sleep(seconds)

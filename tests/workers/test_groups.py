@@ -6,12 +6,14 @@ import time
 
 import pytest
 import torch
-from sample_workers import ProbeWorker
+from sample_workers import ProbeWorker, SlowInitWorker
 
 from rlflow.errors import UserError
 from rlflow.protocol import DataProto, DataProtoFuture
 from rlflow.workers import (
     ONE_TO_ALL,
+    CallLimit,
+    GroupTimeouts,
     RayWorkerGroup,
     ResourcePool,
     Worker,
@@ -149,13 +151,28 @@ def test_user_error_in_a_worker_stays_a_one_line_user_error(group4):
 
 
 def test_call_timeout_raises_instead_of_waiting(group2):
-    group2.call_timeout_s = 0.5
+    group2.timeouts = GroupTimeouts(default=CallLimit(0.5, "nap", "test.nap_s"))
     try:
-        with pytest.raises(WorkerTimeoutError, match=r"main.nap did not finish within 0.5 s on ranks \[0, 1\]"):
+        with pytest.raises(WorkerTimeoutError, match=r"nap phase timed out: main.nap did not finish within 0.5 s on ranks "
+                                                     r"\[0, 1\] of worker group 'g2' .*raise test.nap_s") as raised:
             group2.execute_all("nap", 3.0)
+        assert isinstance(raised.value, UserError) and "\n" not in str(raised.value)
     finally:
-        group2.call_timeout_s = None
+        group2.timeouts = GroupTimeouts()
     assert group2.execute_all("nap", 0.0) == [0, 1]
+
+
+def test_start_up_timeout_names_the_roles_and_kills_without_waiting(local_ray):
+    pool = ResourcePool(procs_per_node=1, cpus_per_proc=0.5, device="cpu", name="slowinit")
+    limits = GroupTimeouts(init=CallLimit(15.0, "init", "trainer.timeouts.init_s"))  # process start counts too
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerTimeoutError, match=r"init phase timed out: main.__init__ did not finish within 15.0 s "
+                                                     r"on ranks \[0\] of worker group 'slow'"):
+            RayWorkerGroup(pool, WorkerSpec(SlowInitWorker, 600.0), name="slow", timeouts=limits)
+        assert time.monotonic() - start < 15.0 + 20, "the hung worker is killed, not waited on to close"
+    finally:
+        pool.release()
 
 
 def test_pool_hosts_one_group(group2):
