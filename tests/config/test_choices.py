@@ -34,7 +34,7 @@ FREE_TEXT = {
     "reward.custom_function", "reward.reward_model.path", "trainer.project_name", "trainer.experiment_name",
     "trainer.ray_address", "trainer.ray_temp_dir", "trainer.default_local_dir", "trainer.resume_from_path",
     "trainer.export_hf_dir", "trainer.plugins", "rollout.stop", "rollout.val_kwargs.stop", "data.train_files",
-    "data.val_files",
+    "data.val_files", "trainer.ray_node_ip_address",
 }
 # Engine keys handed to the model library or checked by the engine that owns them.
 ENGINE_FREE_TEXT = {"name", "attn_implementation", "wrap_layer_classes"}
