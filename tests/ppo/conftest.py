@@ -57,6 +57,20 @@ def run_main_ppo(overrides: list[str], timeout: float = 600, **popen_kwargs) -> 
                           capture_output=True, text=True, timeout=timeout, **popen_kwargs)
 
 
+# Wall-clock and machine-load figures differ between any two runs; everything else is reproducible.
+VARYING_PREFIXES = ("timing_s/", "perf/")
+VARYING_WORDS = ("memory", "_mb")
+
+
+def comparable(record: dict) -> dict:
+    """A metrics record without its wall-clock timings, throughput and memory figures."""
+    return {
+        key: value
+        for key, value in record.items()
+        if not key.startswith(VARYING_PREFIXES) and not any(word in key for word in VARYING_WORDS)
+    }
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

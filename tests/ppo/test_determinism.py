@@ -11,19 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import base_overrides, read_jsonl, run_main_ppo
-
-# Wall-clock and machine-load figures: they differ between any two runs.
-VARYING_PREFIXES = ("timing_s/", "perf/")
-VARYING_WORDS = ("memory", "_mb")
-
-
-def comparable(record: dict) -> dict:
-    return {
-        key: value
-        for key, value in record.items()
-        if not key.startswith(VARYING_PREFIXES) and not any(word in key for word in VARYING_WORDS)
-    }
+from conftest import base_overrides, comparable, read_jsonl, run_main_ppo
 
 
 @pytest.mark.timeout(900)

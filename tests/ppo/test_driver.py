@@ -11,13 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, base_overrides, read_jsonl, run_main_ppo
-
-NONDETERMINISTIC_PREFIXES = ("timing_s/", "perf/")
-
-
-def comparable(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not k.startswith(NONDETERMINISTIC_PREFIXES)}
+from conftest import REPO, base_overrides, comparable, read_jsonl, run_main_ppo
 
 
 def resume_overrides(model: Path, data: Path, run_dir: Path) -> list[str]:
