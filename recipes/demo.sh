@@ -21,7 +21,7 @@ STEPS=${DEMO_STEPS:-30}
 SEED=${DEMO_SEED:-0}
 OUT=${DEMO_OUT:-outputs/demo}
 SFT_STEPS=${DEMO_SFT_STEPS:-200}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false   # Ray: loopback + token auth (rlflow's default)
 export WANDB_MODE=${WANDB_MODE:-offline} PYTHONUNBUFFERED=1
 
 # Same knobs as the last run: skip the phases it finished and resume the one it was in (from its
