@@ -13,6 +13,8 @@ value; the standard library keeps each row exactly as written.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -34,10 +36,12 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_json_lines(path: Path) -> list[dict[str, Any]]:
-    """Rows of a json-lines file (or of a ``.json`` file holding one list of objects)."""
+    """Rows of a json-lines file (or of a ``.json`` file holding one list of objects, or one object)."""
     text = path.read_text()
     if path.suffix == ".json" and text.lstrip().startswith("["):
         rows = json.loads(text)
+    elif path.suffix == ".json" and (single := _one_json_object(text)) is not None:
+        rows = [single]
     else:
         rows = []
         for line_number, line in enumerate(text.splitlines(), start=1):
@@ -51,6 +55,15 @@ def _read_json_lines(path: Path) -> list[dict[str, Any]]:
         if not isinstance(row, dict):
             raise DataError(f"data file {path}, row {index}: expected a JSON object, got {type(row).__name__}")
     return rows
+
+
+def _one_json_object(text: str) -> dict[str, Any] | None:
+    """The object a ``.json`` file holds when it is one JSON object (MATH's one-problem files), else None."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 # File suffix -> the function that reads its rows.
@@ -87,3 +100,19 @@ def resolve_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
 def read_rows(path: Path, parse_row: RowParser[RowT]) -> list[RowT]:
     """Every row of one file passed through ``parse_row(row, path, index)`` (which raises ``DataError`` for a bad row)."""
     return [parse_row(row, path, index) for index, row in enumerate(READERS[path.suffix](path))]
+
+
+def write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Write ``rows`` to ``path`` as parquet through a temp file and a rename, so a crash never leaves half a file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

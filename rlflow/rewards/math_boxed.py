@@ -12,31 +12,9 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from rlflow.data.boxed import last_boxed
 from rlflow.rewards.numbers import parse_number, same_number
 from rlflow.rewards.registry import any_ground_truth, register_reward
-
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
-
-
-def last_boxed(text: str) -> Optional[str]:
-    r"""The content of the last ``\boxed{...}`` with balanced braces (or ``\boxed x``); None if absent or unclosed."""
-    start = max(text.rfind(command) for command in _BOX_COMMANDS)
-    if start < 0:
-        return None
-    command = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-    after = text[start + len(command):]
-    braced = after.lstrip()
-    if braced.startswith("{"):
-        depth = 0
-        for position, char in enumerate(braced):
-            depth += {"{": 1, "}": -1}.get(char, 0)
-            if depth == 0:
-                return braced[1:position]
-        return None
-    if after.startswith(" "):  # "\boxed 5$"
-        return after.strip().split("$")[0].strip() or None
-    return None
-
 
 _REMOVALS = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\$", "$", "^{\\circ}", "^\\circ", "\\%", "%")
 _WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
+from rlflow.data.files import write_parquet
 from rlflow.data.tasks.base import SyntheticTask
 from rlflow.data.tasks.splits import generate_splits, rl_row, sft_row
 
@@ -32,18 +28,6 @@ def write_task_files(task: SyntheticTask, out_dir: str | Path, n_train: int, n_v
     for split, examples in splits.items():
         rl_rows = [rl_row(task, ex, split, i) for i, ex in enumerate(examples)]
         sft_rows = [sft_row(task, ex, split, i) for i, ex in enumerate(examples)]
-        written[split] = _write_parquet(rl_rows, out / RL_FILES[split])
-        written[f"sft_{split}"] = _write_parquet(sft_rows, out / SFT_FILES[split])
+        written[split] = write_parquet(rl_rows, out / RL_FILES[split])
+        written[f"sft_{split}"] = write_parquet(sft_rows, out / SFT_FILES[split])
     return written
-
-
-def _write_parquet(rows: list[dict], path: Path) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
