@@ -7,8 +7,10 @@
 #
 # MODEL  a local HF folder (Qwen2/Qwen3/Llama architectures)
 # DATA   verl-format GSM8K parquet: train.parquet and test.parquet with data_source "openai/gsm8k",
-#        prompt (chat messages) and reward_model.ground_truth (verl's examples/data_preprocess/gsm8k.py
-#        writes exactly these); the built-in gsm8k reward scores the "#### <answer>" line.
+#        prompt (chat messages) and reward_model.ground_truth; the built-in gsm8k reward scores the
+#        "#### <answer>" line. Make them from a local copy of the openai/gsm8k files (docs/data.md):
+#          rlflow-data gsm8k --src /data/raw/gsm8k/main --out /data/gsm8k
+#        (verl's own examples/data_preprocess/gsm8k.py output works too).
 # GPUS   GPUs on this node (default 8); OUT run folder (default outputs/grpo_gsm8k_qwen2_5_0_5b)
 set -euo pipefail
 MODEL=${MODEL:?set MODEL to a local Qwen2.5-0.5B-Instruct folder}

@@ -1,0 +1,69 @@
+"""Running a converter over local source files: find them, tell their splits, write ``OUT/<split>.parquet``.
+
+A source is a file or a folder (every ``.parquet``/``.jsonl``/``.json`` file below it, in path
+order). A file's split is the first of ``SPLIT_WORDS`` among the words of its name (and, inside a
+source folder, of the folders between it and the source): ``train-00000-of-00001.parquet`` and
+``MATH/test/algebra/1.json`` both say which split they are. ``--split`` overrides that.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+from rlflow.data.converters.base import DatasetConverter
+from rlflow.data.files import READERS, read_rows, write_parquet
+from rlflow.errors import DataError
+
+SPLIT_WORDS = ("train", "test", "validation", "val")
+
+
+def _words(parts: tuple[str, ...]) -> list[str]:
+    return [word for part in parts for word in re.split(r"[^a-z]+", part.lower()) if word]
+
+
+def _files_of(source: Path) -> list[tuple[Path, list[str]]]:
+    """The dataset files of one source, each with the words that may name its split."""
+    if source.is_file():
+        if source.suffix not in READERS:
+            raise DataError(f"--src {source}: unsupported format {source.suffix!r}; use one of {sorted(READERS)}")
+        return [(source, _words((source.stem,)))]
+    if not source.is_dir():
+        raise DataError(f"--src {source} does not exist; pass a local copy of the dataset files (a file or a folder)")
+    found = sorted(p for p in source.rglob("*") if p.suffix in READERS and p.is_file())
+    if not found:
+        raise DataError(f"--src {source} holds no {'/'.join(READERS)} files")
+    return [(path, _words(path.relative_to(source).with_suffix("").parts)) for path in found]
+
+
+def split_files(sources: list[Path], split: Optional[str] = None) -> dict[str, list[Path]]:
+    """The source files grouped by split (``split`` for all of them when given)."""
+    groups: dict[str, list[Path]] = {}
+    for source in sources:
+        for path, words in _files_of(source):
+            name = split or next((word for word in words if word in SPLIT_WORDS), None)
+            if name is None:
+                raise DataError(f"cannot tell the split of {path} from its name (none of {', '.join(SPLIT_WORDS)} "
+                                "in it); rename it or pass --split NAME")
+            groups.setdefault(name, []).append(path)
+    return groups
+
+
+def convert_sources(converter: DatasetConverter, sources: list[Path], out_dir: Path,
+                    split: Optional[str] = None) -> dict[str, tuple[Path, int]]:
+    """Convert every source file into ``out_dir/<split>.parquet``; returns each split's file and row count.
+
+    Every row is converted before anything is written, so a bad row leaves ``out_dir`` untouched.
+    """
+    groups = split_files(sources, split)
+    sources_read = {path.resolve() for paths in groups.values() for path in paths}
+    tables: dict[str, list[dict]] = {}
+    for name, paths in groups.items():
+        out = (out_dir / f"{name}.parquet").resolve()
+        if out in sources_read:
+            raise DataError(f"--out {out_dir} would overwrite the source file {out}; pick another --out")
+        converted = [row for path in paths for row in read_rows(path, converter.convert)]
+        tables[name] = [converter.rl_row(row, name, index) for index, row in enumerate(converted)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return {name: (write_parquet(rows, out_dir / f"{name}.parquet"), len(rows)) for name, rows in tables.items()}
