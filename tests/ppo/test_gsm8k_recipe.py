@@ -15,8 +15,8 @@ from conftest import base_overrides, read_jsonl, run_main_ppo
 from rlflow.data.cli import main
 
 VAL_METRIC = "val-core/openai/gsm8k/reward/mean@1"
-# Keys of base_overrides this run sets differently: its own data, the rule reward, a validation.
-REPLACED = ("data.train_files", "data.val_files", "reward.custom_function", "trainer.val_before_train")
+# Keys of base_overrides this run replaces: its own data, and the built-in rule reward instead of the test one.
+REPLACED = ("data.train_files", "data.val_files", "reward.custom_function")
 
 
 def gsm8k_rows(count: int, offset: int) -> list[dict]:
@@ -43,8 +43,7 @@ def test_gsm8k_parquet_from_rlflow_data_trains_two_grpo_steps_with_verl_val_metr
         f"data.val_files=[{data / 'test.parquet'}]",
         "data.max_prompt_length=128",  # English text is ~1 token per 1.5 characters for the tiny tokenizer
         "trainer.total_training_steps=2",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=2",
+        "trainer.test_freq=2",  # validate once, after the last step
         "rollout=hf",  # HF generate: no vLLM engine to start, the cheapest GRPO run here
     ]
     result = run_main_ppo(overrides)
