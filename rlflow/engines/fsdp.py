@@ -35,7 +35,7 @@ _STRATEGIES = {
 
 @dataclass
 class FSDPEngineConfig(HFModuleEngineConfig):
-    """Options of the ``fsdp`` (FSDP1) engine (configs/engine/fsdp.yaml)."""
+    """Options of the ``fsdp`` (FSDP1) engine (rlflow/configs/engine/fsdp.yaml)."""
 
     name: str = "fsdp"
     sharding_strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD

@@ -31,7 +31,7 @@ __all__ = ["FSDP2Engine", "FSDP2EngineConfig"]
 
 @dataclass
 class FSDP2EngineConfig(HFModuleEngineConfig):
-    """Options of the ``fsdp2`` engine (configs/engine/fsdp2.yaml)."""
+    """Options of the ``fsdp2`` engine (rlflow/configs/engine/fsdp2.yaml)."""
 
     name: str = "fsdp2"
     reshard_after_forward: bool = True  # free gathered layer weights after forward (re-gather in backward)

@@ -20,7 +20,7 @@ PPO_ENGINE_MOUNTS = ("actor.engine", "critic.engine", "ref.engine", "reward.rewa
 SFT_ENGINE_MOUNTS = ("engine",)
 # Command-line shorthands each entry point expands (``entry.expand_group_shorthands``): mount key -> group.
 PPO_GROUP_SHORTHANDS = {mount: "engine" for mount in PPO_ENGINE_MOUNTS}  # actor.engine=fsdp
-SFT_GROUP_SHORTHANDS = {"engine": "engine", "data": "sft_data"}  # data=synthetic picks configs/sft_data/synthetic.yaml
+SFT_GROUP_SHORTHANDS = {"engine": "engine", "data": "sft_data"}  # data=synthetic picks rlflow/configs/sft_data/synthetic.yaml
 # Keys naming plugins, in import order: rlflow's, then verl's spelling (merged into the first).
 PLUGIN_KEYS = ("trainer.plugins", "trainer.external_lib")
 

@@ -12,7 +12,8 @@ from omegaconf import DictConfig
 from rlflow.errors import UserError
 from rlflow.utils.device import limit_cpu_threads
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+# The YAMLs ship inside the package (package data), so a wheel or non-editable install finds them too.
+CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
 
 
 # The group whose options are registered classes: a registered engine needs no YAML of its own.
@@ -40,7 +41,7 @@ def expand_group_shorthands(argv: list[str], group_mounts: dict[str, str]) -> li
     Only bare option names are rewritten; ``actor.engine.lr=1e-5`` is left alone.
 
     ``actor.engine.name=NAME`` picks an engine just as ``actor.engine=NAME`` does (the last pick
-    of a mount wins). An engine without ``configs/engine/NAME.yaml`` (a plugin's) replaces the
+    of a mount wins). An engine without ``rlflow/configs/engine/NAME.yaml`` (a plugin's) replaces the
     mount's default YAML with nothing: the node holds ``name`` and the keys set on the command
     line (force-added, ``++``), and the engine's config class supplies every other default when
     the config is validated.

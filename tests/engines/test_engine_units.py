@@ -33,6 +33,7 @@ from rlflow.engines.config import (
 from rlflow.engines.fsdp import FSDPEngine, FSDPEngineConfig
 from rlflow.engines.fsdp2 import FSDP2Engine, FSDP2EngineConfig
 from rlflow.errors import CheckpointError
+from rlflow.trainer.entry import CONFIG_DIR
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +235,7 @@ def test_registering_a_new_engine() -> None:
 def test_engine_yaml_is_valid_and_documented(name: str) -> None:
     from hydra import compose, initialize_config_dir
 
-    configs = Path(__file__).parents[2] / "configs"
+    configs = Path(CONFIG_DIR)
     with initialize_config_dir(str(configs), version_base=None):
         node = compose(config_name=f"engine/{name}").engine
     config = config_from_mapping(get_engine_cls(name).config_class, node)
@@ -254,7 +255,7 @@ def test_common_engine_yaml_layers_match_their_dataclasses(option: str, config_c
     """base.yaml alone is a complete EngineConfig (what a Megatron YAML composes); hf_module.yaml adds the HF keys."""
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(str(Path(__file__).parents[2] / "configs"), version_base=None):
+    with initialize_config_dir(CONFIG_DIR, version_base=None):
         node = compose(config_name=f"engine/common/{option}").engine.common
     assert config_from_mapping(config_class, {**node, "name": "x"}) == config_class(name="x")
     hf_only = {"attn_implementation", "logprob_chunk_size", "wrap_layer_classes"}

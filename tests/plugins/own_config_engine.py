@@ -1,7 +1,7 @@
 """A plugin engine whose config class is its own (a subclass of ``EngineConfig``, not of FSDP2's).
 
 The engine from docs/engines.md: one replicated module, gradients all-reduced by DDP. It has no
-YAML under configs/engine/, so ``engine.name=user_ddp`` composes a node of the command line's
+YAML under rlflow/configs/engine/, so ``engine.name=user_ddp`` composes a node of the command line's
 keys and ``UserDDPEngineConfig`` supplies every other default.
 """
 

@@ -6,7 +6,7 @@ One SFT job (tiny preset, 2-digit addition, seed 0, 16 samples per step in micro
 the test process and world size 2 in one pair of spawned processes. Every loss curve must match the first engine's at world size 1
 within 1e-4 relative per step (docs/sft.md explains the tolerance), and that reference curve
 must match a plain single-process PyTorch loop (HF model, padded batches, AdamW) written
-independently of the engines. A newly registered engine with its configs/engine/<name>.yaml
+independently of the engines. A newly registered engine with its rlflow/configs/engine/<name>.yaml
 (the job picks it with ``engine=<name>``) joins automatically; engines registered without one
 (the engine suite's ``test_ddp``, when this runs in the same session) are not picked.
 """
@@ -24,9 +24,10 @@ from transformers import AutoModelForCausalLM
 from rlflow.data.sft_dataset import build_sft_loader
 from rlflow.engines import EngineRegistry
 from rlflow.models.loading import load_tokenizer
+from rlflow.trainer.entry import CONFIG_DIR
 from rlflow.trainer.main_sft import run_sft
 
-ENGINE_YAMLS = Path(__file__).resolve().parents[2] / "configs" / "engine"
+ENGINE_YAMLS = Path(CONFIG_DIR) / "engine"
 ENGINES = [name for name in EngineRegistry.names() if (ENGINE_YAMLS / f"{name}.yaml").is_file()]
 WORLD_SIZES = (1, 2)
 STEPS = 5
