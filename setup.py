@@ -42,4 +42,5 @@ setup(
     install_requires=CORE,
     extras_require=EXTRAS,
     include_package_data=True,
+    entry_points={"console_scripts": ["rlflow-export = rlflow.trainer.export_checkpoint:main"]},
 )
