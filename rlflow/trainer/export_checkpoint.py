@@ -9,7 +9,8 @@
 
 The weights are read from the checkpoint's sharded DCP state whatever world size and engine
 (fsdp, fsdp2, ...) wrote it (``checkpoint_reader``); config and tokenizer files come from the
-checkpoint's ``hf_config/`` or ``--model-path``. ``OUT`` is written atomically and replaced only
+checkpoint's ``hf_config/`` or ``--model-path``; tied weights are written once, as
+``save_pretrained`` and the engines' ``save_hf`` write them. ``OUT`` is written atomically and replaced only
 when it is missing, empty or an earlier rlflow export. Bad input: one line, exit status 2.
 """
 
@@ -19,6 +20,9 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Optional
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlflow.engines.common.checkpoint_reader import read_model_weights
 from rlflow.engines.common.checkpointing import HF_CONFIG_DIR, META_FILE, read_meta, resolve_checkpoint_dir
@@ -80,6 +84,23 @@ def _model_files(folder: Path, model_path: Optional[Path]) -> Path:
     return source
 
 
+def _tied_copies(source: Path) -> set[str]:
+    """HF names that tie to another weight in the model of ``source`` (the LM head of tied embeddings).
+
+    The checkpoint's state dict holds them under both names; the live export (``named_parameters``)
+    and ``save_pretrained`` write them once, and so does this one. Found on a meta-device model: no memory.
+    """
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise ExportError(f"cannot read the model config in {source}: {str(error).splitlines()[0]}") from None
+    if not getattr(config, "tie_word_embeddings", False):
+        return set()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+
+
 def _check_out(out: Path) -> None:
     if out.is_file():
         raise ExportError(f"OUT {out} is a file; name a folder for the HF export")
@@ -95,7 +116,9 @@ def export_checkpoint(checkpoint: Path, out: Path, role: Optional[str] = None, m
         raise CheckpointError(f"checkpoint {folder}: model kind {model_kind!r} is not one of {sorted(MODEL_KINDS)}")
     source = _model_files(folder, model_path)
     _check_out(out)
-    write_hf_folder(out, read_model_weights(folder), source, MODEL_KINDS[model_kind].weight_file)
+    tied = _tied_copies(source)
+    weights = [(name, tensor) for name, tensor in read_model_weights(folder) if name not in tied]
+    write_hf_folder(out, weights, source, MODEL_KINDS[model_kind].weight_file)
     return folder
 
 

@@ -9,16 +9,21 @@ Every registered engine's checkpoint is exported: fsdp and fsdp2 carry their mod
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from checkpoint_scenarios import probe_batch
-from engine_testlib import ENGINES, load_results, reference_token_stats
+from engine_testlib import ENGINES, TEST_MODEL_OPTIONS, load_results, reference_token_stats
+from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.engines.common.hf_export import EXPORT_MARKER
+from rlflow.models.presets import build_preset
 from rlflow.trainer.export_checkpoint import main
 
 TOKEN_TOL = 1e-5  # fp32: the HF model's padded full-logits forward vs the engine's packed, chunked one
@@ -96,3 +101,26 @@ def test_bad_input_is_one_line_and_exit_2(two_rank: Path, tmp_path: Path, capsys
     assert ".metadata is missing" in _one_line_error(capsys)
     assert main([str(two_rank / "ckpt_test_ddp"), str(tmp_path / "out")]) == 2
     assert "--model-path" in _one_line_error(capsys)
+
+
+def test_tied_embeddings_are_written_once(tmp_path: Path) -> None:
+    """A model with tied embeddings: its state dict names the tensor twice, the export (like save_pretrained) once.
+
+    The checkpoint is written the way ``save_module_state`` lays it out (DCP, ``{"model": {"model.<hf name>": ...}}``),
+    from one process: the reader does not care how many ranks wrote it (the 2-rank tests above).
+    """
+    model_dir = build_preset(tmp_path / "tied", tokenizer_corpus(), preset="tiny-qwen2", seed=0, **TEST_MODEL_OPTIONS)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    checkpoint = tmp_path / "ckpt"
+    state = {"model": {f"model.{name}": tensor for name, tensor in model.state_dict().items()}}
+    assert "model.lm_head.weight" in state["model"]
+    dcp.save(state, checkpoint_id=str(checkpoint / "model_optim"), no_dist=True)
+    (checkpoint / "engine_meta.json").write_text(json.dumps({"engine": "fsdp2", "model_kind": "causal_lm", "world_size": 1}))
+    assert main([str(checkpoint), str(tmp_path / "hf"), "--model-path", str(model_dir)]) == 0
+    written = set(load_file(tmp_path / "hf" / "model.safetensors"))
+    assert written == {name for name, _ in model.named_parameters()} and "lm_head.weight" not in written
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    ids = torch.arange(1, 20)[None]
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, model(ids).logits)
