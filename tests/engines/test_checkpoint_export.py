@@ -103,6 +103,7 @@ def test_bad_input_is_one_line_and_exit_2(two_rank: Path, tmp_path: Path, capsys
     assert "--model-path" in _one_line_error(capsys)
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # the one-process save is the point
 def test_tied_embeddings_are_written_once(tmp_path: Path) -> None:
     """A model with tied embeddings: its state dict names the tensor twice, the export (like save_pretrained) once.
 
