@@ -39,6 +39,7 @@ CONSOLE_SCRIPTS = [
     "rlflow-sft = rlflow.trainer.main_sft:main",
     "rlflow-eval = rlflow.observability.evaluate:main",
     "rlflow-data = rlflow.data.cli:main",
+    "rlflow-export = rlflow.trainer.export_checkpoint:main",
 ]
 
 setup(

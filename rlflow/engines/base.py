@@ -101,6 +101,7 @@ class Capability(str, enum.Enum):
 
     MIXED_PRECISION = "mixed_precision"  # param_dtype != dtype: compute in param_dtype, master weights in dtype
     VALUE_MODEL = "value_model"  # model_kind="value": a value-head model (critic, reward model)
+    RESHARD = "reshard"  # load_checkpoint takes a checkpoint written at another world size (same layout otherwise)
 
 
 LossFn = Callable[[dict[str, torch.Tensor], DataProto, LossContext], "tuple[torch.Tensor, dict[str, float]]"]
@@ -208,10 +209,11 @@ class BaseEngine(abc.ABC):
 
     @abc.abstractmethod
     def load_checkpoint(self, path: str | Path) -> None:
-        """Restore a checkpoint written by ``save_checkpoint`` under the same world size and layout.
+        """Restore a checkpoint written by ``save_checkpoint`` under the same layout and world size
+        (any world size for an engine with ``Capability.RESHARD``).
 
         Raises ``rlflow.errors.CheckpointError`` when ``path`` holds no complete checkpoint or
-        the layout differs (the message lists what differs).
+        the setup differs (the message lists what differs).
         """
 
     @abc.abstractmethod

@@ -4,7 +4,7 @@ Each decoder layer is one FSDP unit (``ModuleWrapPolicy``) and the root module
 another. ``use_orig_params`` keeps the original parameter names and objects, so the
 optimizer's decay/no-decay split and DCP state dicts see HF names. Checkpoints are
 sharded DCP state dicts; HF export gathers one FSDP unit at a time
-(``summon_full_params(recurse=False)``).
+(``summon_full_params(recurse=False)``). A checkpoint resumes at any world size (DCP reshards).
 """
 
 from __future__ import annotations
@@ -97,4 +97,4 @@ class FSDPEngine(ModuleEngine):
                 param.grad = param.grad.to(device, non_blocking=True)
 
     def _layout(self) -> dict[str, Any]:
-        return {"sharding_strategy": self.config.sharding_strategy, "dp_shard": self.world_size}
+        return {"sharding_strategy": self.config.sharding_strategy}  # every rank is a shard: dp_shard = world size

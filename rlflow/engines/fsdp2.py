@@ -6,7 +6,8 @@ mesh dimension; with ``hybrid_replicate_size > 1`` the mesh is
 ``(dp_replicate, dp_shard)`` and shards are replicated across groups (HSDP).
 Mixed precision comes from ``param_dtype`` / ``reduce_dtype`` with master weights in
 ``dtype``. Checkpoints are sharded DCP state dicts; HF export gathers one parameter at
-a time (``DTensor.full_tensor``).
+a time (``DTensor.full_tensor``). A checkpoint resumes at any world size that
+``hybrid_replicate_size`` divides (DCP reshards).
 """
 
 from __future__ import annotations
@@ -82,4 +83,4 @@ class FSDP2Engine(ModuleEngine):
         self.module.to(device)
 
     def _layout(self) -> dict[str, Any]:
-        return dict(zip(self.device_mesh.mesh_dim_names, self.device_mesh.mesh.shape))
+        return {"dp_replicate": self.config.hybrid_replicate_size}  # dp_shard = world size / dp_replicate

@@ -3,8 +3,8 @@
 One launch runs many configurations in sequence (process start-up dominates the cost).
 Every function has the ``spawn`` signature ``fn(rank, world_size, *args)``.
 
-The engines are every registered one (``EngineRegistry.names()``: the built-in engines and
-``test_ddp`` from ``ddp_engine``, imported here so every spawned process registers it too).
+The engines are every registered one (``engine_testlib.ENGINES``: the built-in engines and
+``test_ddp`` from ``ddp_engine``). The checkpoint scenarios are in ``checkpoint_scenarios``.
 A scenario that needs an optional feature runs on ``engines_with(capability)``: the engines
 whose class declares it (``BaseEngine.capabilities``).
 """
@@ -12,64 +12,33 @@ whose class declares it (``BaseEngine.capabilities``).
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 
-import ddp_engine  # noqa: F401  (registers test_ddp in this process and in every spawned one)
+from checkpoint_scenarios import checkpoint_errors_suite, checkpoint_suite, reshard_suite, resume_after_kill
 from engine_testlib import (
+    ENGINES,
     engine_config,
+    engines_with,
     full_grads,
+    local_share,
     make_batch,
+    new_engine,
     nll_token_mean,
     position_ids_of,
     reference_model,
     reference_token_stats,
     reference_training,
+    save_results,
+    train_steps,
     whole_batch_loss,
 )
 from rlflow.algos import agg_loss, loss_agg_modes
-from rlflow.engines import EngineRegistry, build_engine
 from rlflow.engines.base import Capability
-from rlflow.errors import CheckpointError
-from rlflow.protocol import DataProto
 
-ENGINES = tuple(EngineRegistry.names())
 HORIZON = 24.0
-
-
-def engines_with(*needs: Capability) -> tuple[str, ...]:
-    """The registered engines whose class declares every capability in ``needs``."""
-    return tuple(name for name in ENGINES if set(needs) <= EngineRegistry.get(name).capabilities)
-
-
-def _local(batch: DataProto, rank: int, world_size: int) -> DataProto:
-    return batch.chunk(world_size)[rank]
-
-
-def _engine(config: dict[str, Any], model_path: Path, kind: str = "causal_lm"):
-    engine = build_engine(config, model_path, model_kind=kind)
-    engine.initialize()
-    return engine
-
-
-def _train(engine, batches: list[DataProto], rank: int, world_size: int) -> dict[str, list]:
-    record: dict[str, list] = {"losses": [], "grad_norms": [], "lrs": []}
-    for batch in batches:
-        _, metrics = engine.forward_backward(_local(batch, rank, world_size), nll_token_mean)
-        step = engine.optim_step()
-        record["losses"].append(metrics["loss"])
-        record["grad_norms"].append(step["grad_norm"])
-        record["lrs"].append(step["lr"])
-    return record
-
-
-def _save(rank: int, out_dir: Path, name: str, results: dict[str, Any]) -> None:
-    if rank == 0:
-        torch.save(results, out_dir / name)
 
 
 def parity_configs(world_size: int) -> dict[str, dict[str, Any]]:
@@ -94,11 +63,11 @@ def parity_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) ->
     batches = [make_batch(seed) for seed in range(3)]
     results: dict[str, Any] = {"reference": reference_training(model_path, batches) if rank == 0 else None}
     for label, config in parity_configs(world_size).items():
-        engine = _engine(config, model_path)
-        record = _train(engine, batches, rank, world_size)
+        engine = new_engine(config, model_path)
+        record = train_steps(engine, batches, rank, world_size)
         record["params"] = {name: tensor.clone() for name, tensor in engine.export_hf_weights()}
         results[label] = record
-    _save(rank, out_dir, f"parity_ws{world_size}.pt", results)
+    save_results(rank, out_dir, f"parity_ws{world_size}.pt", results)
 
 
 def _agg_loss_fn(mode: str):
@@ -134,35 +103,16 @@ def grad_accumulation_suite(rank: int, world_size: int, model_path: Path, out_di
                 "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
             }
     for name in ENGINES:
-        engine = _engine(engine_config(name, micro_batch_size=1), model_path)
+        engine = new_engine(engine_config(name, micro_batch_size=1), model_path)
         for mode in loss_agg_modes():
             engine.zero_grad()
-            _, metrics = engine.forward_backward(_local(batch, rank, world_size), _agg_loss_fn(mode))
+            _, metrics = engine.forward_backward(local_share(batch, rank, world_size), _agg_loss_fn(mode))
             results[(name, mode)] = {
                 "loss": metrics["loss"],
                 "num_micro_batches": metrics["num_micro_batches"],
                 "grads": full_grads(engine),
             }
-    _save(rank, out_dir, "grad_accumulation.pt", results)
-
-
-def checkpoint_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
-    """3 steps, save, 3 more steps; a fresh engine loads the save and runs the same 3 steps."""
-    batches = [make_batch(seed) for seed in range(20, 26)]
-    schedule = {"name": "cosine", "warmup_steps": 2, "total_steps": 8, "min_lr_ratio": 0.1}
-    results: dict[str, Any] = {}
-    for name in ENGINES:
-        config = engine_config(name, micro_batch_size=2, lr_scheduler=schedule)
-        path = out_dir / f"ckpt_{name}"
-        first = _engine(config, model_path)
-        _train(first, batches[:3], rank, world_size)
-        first.save_checkpoint(path)
-        uninterrupted = _train(first, batches[3:], rank, world_size)
-        resumed_engine = _engine(config, model_path)
-        resumed_engine.load_checkpoint(path)
-        resumed = _train(resumed_engine, batches[3:], rank, world_size)
-        results[name] = {"uninterrupted": uninterrupted, "resumed": resumed, "files": sorted(os.listdir(path))}
-    _save(rank, out_dir, "checkpoint.pt", results)
+    save_results(rank, out_dir, "grad_accumulation.pt", results)
 
 
 def export_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
@@ -172,8 +122,8 @@ def export_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) ->
     batch = make_batch(seed=31)
     results: dict[str, Any] = {}
     for name in ENGINES:
-        engine = _engine(engine_config(name, micro_batch_size=2), model_path)
-        _train(engine, [make_batch(seed=30)], rank, world_size)
+        engine = new_engine(engine_config(name, micro_batch_size=2), model_path)
+        train_steps(engine, [make_batch(seed=30)], rank, world_size)
         folder = out_dir / f"hf_{name}"
         engine.save_hf(folder)
         exported = {n: t.clone() for n, t in engine.export_hf_weights()}
@@ -198,7 +148,7 @@ def export_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) ->
                 "tokenizer_vocab": len(AutoTokenizer.from_pretrained(folder)),
                 "files": sorted(os.listdir(folder)),
             }
-    _save(rank, out_dir, "export.pt", results)
+    save_results(rank, out_dir, "export.pt", results)
 
 
 def value_suite(rank: int, world_size: int, model_path: Path, value_path: Path, out_dir: Path) -> None:
@@ -219,19 +169,19 @@ def value_suite(rank: int, world_size: int, model_path: Path, value_path: Path, 
     results: dict[str, Any] = {"direct": direct_values(value_path) if rank == 0 else None}
     for name in engines_with(Capability.VALUE_MODEL):
         engines = {
-            rp: _engine(engine_config(name, use_remove_padding=rp, micro_batch_size=3), value_path, kind="value")
+            rp: new_engine(engine_config(name, use_remove_padding=rp, micro_batch_size=3), value_path, kind="value")
             for rp in (True, False)
         }
         for rp, engine in engines.items():
             out, _ = engine.forward_backward(batch, forward_only=True)
             results[(name, rp)] = out.batch["values"] * mask
         engine = engines[True]
-        engine.forward_backward(_local(batch, rank, world_size), value_loss)
+        engine.forward_backward(local_share(batch, rank, world_size), value_loss)
         engine.optim_step()
         trained, _ = engine.forward_backward(batch, forward_only=True)
         folder = out_dir / f"value_{name}"
         engine.save_hf(folder)
-        fresh = _engine(engine_config(name), model_path, kind="value")  # no value_head.safetensors: fresh head
+        fresh = new_engine(engine_config(name), model_path, kind="value")  # no value_head.safetensors: fresh head
         fresh_head = {n: t.clone() for n, t in fresh.export_hf_weights() if n.startswith("value_head.")}
         if rank == 0:
             torch.manual_seed(engine_config(name).get("seed", 0))
@@ -243,7 +193,7 @@ def value_suite(rank: int, world_size: int, model_path: Path, value_path: Path, 
                 "fresh_head": fresh_head,
                 "expected_fresh_head": expected_head,
             }
-    _save(rank, out_dir, "value.pt", results)
+    save_results(rank, out_dir, "value.pt", results)
 
 
 def packing_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
@@ -261,52 +211,14 @@ def packing_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -
             "dynamic": dict(use_remove_padding=True, use_dynamic_bsz=True, max_token_len_per_micro_batch=50),
             "small_chunks": dict(use_remove_padding=True, micro_batch_size=7, logprob_chunk_size=5),
         }.items():
-            engine = _engine(engine_config(name, **overrides), model_path)
+            engine = new_engine(engine_config(name, **overrides), model_path)
             out, metrics = engine.forward_backward(batch, forward_only=True)
             results[(name, label)] = {
                 "log_probs": out.batch["log_probs"],
                 "entropy": out.batch["entropy"],
                 "num_micro_batches": metrics["num_micro_batches"],
             }
-    _save(rank, out_dir, "packing.pt", results)
-
-
-def checkpoint_errors_suite(rank: int, world_size: int, model_path: Path, other_layout_ckpt: Path, out_dir: Path) -> None:
-    """Loading a missing checkpoint, and one written at another world size, raise CheckpointError."""
-    engine = _engine(engine_config("fsdp2"), model_path)
-    results: dict[str, str] = {}
-    for label, path in {"missing": out_dir / "no_such_checkpoint", "other_layout": other_layout_ckpt}.items():
-        try:
-            engine.load_checkpoint(path)
-            results[label] = "no error"
-        except CheckpointError as error:
-            results[label] = str(error)
-    _save(rank, out_dir, "checkpoint_errors.pt", results)
-
-
-def killed_save(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
-    """Save a checkpoint, train on, then die (SIGKILL) in the middle of overwriting it."""
-    engine = _engine(engine_config("fsdp2", micro_batch_size=2), model_path)
-    _train(engine, [make_batch(60)], rank, world_size)
-    engine.save_checkpoint(out_dir / "ckpt_killed")
-    probe, _ = engine.forward_backward(make_batch(61), forward_only=True)
-    torch.save(probe.batch["log_probs"], out_dir / "killed_probe.pt")
-    _train(engine, [make_batch(62)], rank, world_size)
-    real_save = dcp.save
-
-    def save_then_die(*args, **kwargs):
-        real_save(*args, **kwargs)  # shard files are on disk, the metadata and rename are not
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    dcp.save = save_then_die
-    engine.save_checkpoint(out_dir / "ckpt_killed")
-
-
-def resume_after_kill(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
-    engine = _engine(engine_config("fsdp2", micro_batch_size=2), model_path)
-    engine.load_checkpoint(out_dir / "ckpt_killed")
-    probe, _ = engine.forward_backward(make_batch(61), forward_only=True)
-    _save(rank, out_dir, "resumed_probe.pt", {"log_probs": probe.batch["log_probs"]})
+    save_results(rank, out_dir, "packing.pt", results)
 
 
 def behaviour_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
@@ -315,7 +227,7 @@ def behaviour_suite(rank: int, world_size: int, model_path: Path, out_dir: Path)
     batch = make_batch(seed=71)
     for name in ENGINES:
         config = engine_config(name, micro_batch_size=4, param_offload=True, optimizer_offload=True)
-        engine = _engine(config, model_path)
+        engine = new_engine(config, model_path)
         before = {n: t.clone() for n, t in engine.export_hf_weights()}
 
         def poisoned(outputs, micro, ctx):
@@ -347,7 +259,7 @@ def behaviour_suite(rank: int, world_size: int, model_path: Path, out_dir: Path)
             "after_eval": engine.module.training,
         }
     for name in engines_with(Capability.MIXED_PRECISION):
-        mixed = _engine(engine_config(name, micro_batch_size=4, param_dtype="bfloat16"), model_path)
+        mixed = new_engine(engine_config(name, micro_batch_size=4, param_dtype="bfloat16"), model_path)
         _, mixed_metrics = mixed.forward_backward(batch, nll_token_mean)
         results[(name, "bf16")] = {
             "loss": mixed_metrics["loss"],
@@ -357,7 +269,7 @@ def behaviour_suite(rank: int, world_size: int, model_path: Path, out_dir: Path)
     with torch.no_grad():
         log_probs, _ = reference_token_stats(reference_model(model_path), batch)
     results["fp32_loss"] = (-(log_probs * batch.batch["loss_mask"]).sum() / batch.batch["loss_mask"].sum()).item()
-    _save(rank, out_dir, "behaviour.pt", results)
+    save_results(rank, out_dir, "behaviour.pt", results)
 
 
 def two_rank_suites(rank: int, world_size: int, model_path: Path, value_path: Path, out_dir: Path) -> None:
@@ -374,5 +286,6 @@ def one_rank_suites(rank: int, world_size: int, model_path: Path, two_rank_out: 
     parity_suite(rank, world_size, model_path, out_dir)
     packing_suite(rank, world_size, model_path, out_dir)
     behaviour_suite(rank, world_size, model_path, out_dir)
-    checkpoint_errors_suite(rank, world_size, model_path, two_rank_out / "ckpt_fsdp2", out_dir)
+    checkpoint_errors_suite(rank, world_size, model_path, two_rank_out, out_dir)
     resume_after_kill(rank, world_size, model_path, out_dir)
+    reshard_suite(rank, world_size, model_path, two_rank_out, out_dir)

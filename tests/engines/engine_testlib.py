@@ -3,6 +3,9 @@
 * ``build_test_model``: the tiny preset, shrunk further (2 layers, hidden 64), via the preset builder;
 * ``make_batch``: sequences of very different lengths, left- and right-padded, with a loss mask;
 * ``spawn``: run a function in ``world_size`` real processes joined by a real gloo group;
+* ``ENGINES`` / ``engines_with``: every registered engine (``test_ddp`` included), and those
+  declaring some capabilities; ``new_engine`` / ``train_steps`` / ``save_results``: what a
+  spawned scenario does with them;
 * the plain single-process PyTorch reference (HF model + AdamW loop, full logits,
   written independently of the engine code) and ``full_grads`` to read an engine's gradients.
 """
@@ -20,7 +23,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
+import ddp_engine  # noqa: F401  (registers test_ddp in this process and in every spawned one)
 from rlflow.data.tasks.corpus import tokenizer_corpus
+from rlflow.engines import EngineRegistry, build_engine
+from rlflow.engines.base import BaseEngine, Capability
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 
@@ -33,6 +39,12 @@ OPTIMIZER = {"lr": LR, "weight_decay": 0.1, "grad_clip": 1.0, "betas": [0.9, 0.9
 # cosine after 1 warmup step over 3 steps, floor 0.1: multipliers 1, 1, 0.55
 SCHEDULE = {"name": "cosine", "warmup_steps": 1, "total_steps": 3, "min_lr_ratio": 0.1}
 REFERENCE_LRS = [LR * 1.0, LR * 1.0, LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))]
+ENGINES = tuple(EngineRegistry.names())
+
+
+def engines_with(*needs: Capability) -> tuple[str, ...]:
+    """The registered engines whose class declares every capability in ``needs``."""
+    return tuple(name for name in ENGINES if set(needs) <= EngineRegistry.get(name).capabilities)
 
 
 def build_test_model(folder: Path) -> Path:
@@ -70,6 +82,38 @@ def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
         real = attention_mask[row].nonzero().squeeze(-1)
         positions[row, real] = torch.arange(len(real))
     return positions
+
+
+# ---------------------------------------------------------------------------- engines in spawned ranks
+def new_engine(config: dict[str, Any], model_path: Path, kind: str = "causal_lm") -> BaseEngine:
+    engine = build_engine(config, model_path, model_kind=kind)
+    engine.initialize()
+    return engine
+
+
+def local_share(batch: DataProto, rank: int, world_size: int) -> DataProto:
+    return batch.chunk(world_size)[rank]
+
+
+def train_steps(engine: BaseEngine, batches: list[DataProto], rank: int, world_size: int) -> dict[str, list]:
+    """One token-mean NLL optimizer step per batch (this rank's share); the losses, grad norms and LRs."""
+    record: dict[str, list] = {"losses": [], "grad_norms": [], "lrs": []}
+    for batch in batches:
+        _, metrics = engine.forward_backward(local_share(batch, rank, world_size), nll_token_mean)
+        step = engine.optim_step()
+        record["losses"].append(metrics["loss"])
+        record["grad_norms"].append(step["grad_norm"])
+        record["lrs"].append(step["lr"])
+    return record
+
+
+def save_results(rank: int, out_dir: Path, name: str, results: dict[str, Any]) -> None:
+    if rank == 0:
+        torch.save(results, out_dir / name)
+
+
+def load_results(folder: Path, name: str) -> dict[str, Any]:
+    return torch.load(folder / name, weights_only=False)
 
 
 # ---------------------------------------------------------------------------- processes

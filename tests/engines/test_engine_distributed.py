@@ -1,11 +1,11 @@
 """Engine acceptance tests in real processes over gloo: parity with plain PyTorch, gradient
-accumulation, packing, checkpoints, HF export and the value-head engine.
+accumulation, packing, HF export and the value-head engine (checkpoints: test_engine_checkpoints.py).
 
 Every registered engine runs them (``engine_scenarios.ENGINES``: fsdp, fsdp2 and the test
 engine ``test_ddp``, which is not a ``ModuleEngine``); a scenario that needs an optional
 feature is parametrized over the engines that declare it (``engines_with``).
-Three launches in total (one of 2 ranks, two of 1 rank); each runs many configurations and
-rank 0 saves the results that the tests below check.
+Three launches in total (one of 2 ranks, two of 1 rank: the session fixtures in conftest.py);
+each runs many configurations and rank 0 saves the results that the tests below check.
 """
 
 from __future__ import annotations
@@ -15,60 +15,22 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from engine_scenarios import ENGINES, engines_with, killed_save, one_rank_suites, parity_configs, two_rank_suites
-from engine_testlib import REFERENCE_LRS, build_test_model, spawn
+from engine_scenarios import parity_configs
+from engine_testlib import ENGINES, REFERENCE_LRS, engines_with, load_results
 from rlflow.algos import loss_agg_modes
 from rlflow.engines import EngineRegistry
 from rlflow.engines.base import Capability
 from rlflow.engines.common.module_engine import ModuleEngine
-from rlflow.models.value_head import ValueHeadModel
 
 TOKEN_TOL = 1e-5
-# The module fixtures each run one multi-configuration launch (about a minute of CPU); on a
+# The session fixtures each run one multi-configuration launch (about a minute of CPU); on a
 # heavily shared machine that can pass pytest.ini's 300 s, so allow more. A hang still fails.
 pytestmark = pytest.mark.timeout(900)
 
 
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_test_model(tmp_path_factory.mktemp("engine_model") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def two_rank(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    value_path = tmp_path_factory.mktemp("engine_value") / "value"
-    torch.manual_seed(123)
-    ValueHeadModel.from_pretrained(model_path).save_pretrained(value_path)
-    for file in model_path.iterdir():  # tokenizer files beside the value model, like a real critic folder
-        if file.name.startswith("tokenizer") and not (value_path / file.name).exists():
-            (value_path / file.name).write_bytes(file.read_bytes())
-    out = tmp_path_factory.mktemp("engine_ws2")
-    spawn(two_rank_suites, 2, model_path, value_path, out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def killed(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    out = tmp_path_factory.mktemp("engine_killed")
-    try:
-        spawn(killed_save, 1, model_path, out)
-        death = None
-    except mp.ProcessExitedException as error:
-        death = error
-    return out, death
-
-
-@pytest.fixture(scope="module")
-def one_rank(model_path: Path, two_rank: Path, killed: tuple[Path, Any]) -> Path:
-    out = killed[0]  # resume_after_kill reads the killed run's checkpoint from here
-    spawn(one_rank_suites, 1, model_path, two_rank, out)
-    return out
-
-
 def _results(folder: Path, name: str) -> dict[str, Any]:
-    return torch.load(folder / name, weights_only=False)
+    return load_results(folder, name)
 
 
 def test_the_suite_runs_an_engine_that_is_not_a_module_engine() -> None:
@@ -129,33 +91,6 @@ def test_packed_and_padded_forwards_agree(engine: str, one_rank: Path) -> None:
         torch.testing.assert_close(run["log_probs"], padded["log_probs"], atol=TOKEN_TOL, rtol=0, msg=label)
     assert results[(engine, "dynamic")]["num_micro_batches"] > 1
     assert ref_log_probs.abs().sum() > 0 and ref_entropy.abs().sum() > 0
-
-
-# ---------------------------------------------------------------------------------- checkpoints
-@pytest.mark.parametrize("engine", ENGINES)
-def test_resume_is_bit_identical(engine: str, two_rank: Path) -> None:
-    run = _results(two_rank, "checkpoint.pt")[engine]
-    assert run["resumed"]["losses"] == run["uninterrupted"]["losses"]
-    assert run["resumed"]["grad_norms"] == run["uninterrupted"]["grad_norms"]
-    assert run["resumed"]["lrs"] == run["uninterrupted"]["lrs"]
-    assert {"engine_meta.json", "model_optim", "rng_rank0.pt", "rng_rank1.pt"} <= set(run["files"])
-
-
-def test_interrupted_save_leaves_previous_checkpoint(one_rank: Path, killed: tuple[Path, Any]) -> None:
-    out, death = killed
-    assert death is not None and death.signal_name == "SIGKILL", "the save was supposed to be killed mid-write"
-    partial = out / "ckpt_killed.tmp"
-    assert (partial / "model_optim").is_dir() and not (partial / "engine_meta.json").exists()
-    expected = torch.load(out / "killed_probe.pt")
-    resumed = _results(one_rank, "resumed_probe.pt")["log_probs"]
-    assert torch.equal(resumed, expected)
-
-
-def test_checkpoint_errors_say_what_is_wrong(one_rank: Path) -> None:
-    errors = _results(one_rank, "checkpoint_errors.pt")
-    assert "no engine checkpoint" in errors["missing"] and "no_such_checkpoint" in errors["missing"]
-    assert "world_size: checkpoint 2 vs this engine 1" in errors["other_layout"]
-    assert "layout" in errors["other_layout"]
 
 
 # ------------------------------------------------------------------------------------ HF export

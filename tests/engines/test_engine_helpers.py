@@ -15,6 +15,7 @@ from rlflow.engines.common.offload import HOST, HostOffload
 from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.engines.config import EngineConfig, LRSchedulerConfig, OptimizerConfig
 from rlflow.errors import CheckpointError
+from rlflow.utils.seed import set_seed
 
 SCHEDULE = LRSchedulerConfig(name="linear", warmup_steps=0, total_steps=4, min_lr_ratio=0.0)  # 1, .75, .5, .25
 
@@ -74,6 +75,27 @@ def test_stepper_state_round_trips_through_the_checkpoint_meta(tmp_path: Path) -
     other = ckpt.setup_meta("test_ddp", "causal_lm", 2, {"dp_replicate": 2})
     with pytest.raises(CheckpointError, match="world_size: checkpoint 1 vs this engine 2"):
         with ckpt.EngineCheckpointer(other, fresh, 0, None).load(tmp_path / "c"):
+            pass
+
+
+def test_rng_rule_when_the_world_size_changes(tmp_path: Path) -> None:
+    """Rank r restores rng_rank{r}.pt when the checkpoint has it; a new rank reseeds from seed + r."""
+    _, stepper = _stepper()
+    setup = ckpt.setup_meta("fsdp2", "causal_lm", 1, {"dp_replicate": 1})
+    set_seed(1234)
+    with ckpt.EngineCheckpointer(setup, stepper, 0, None).save(tmp_path / "c"):
+        pass
+    saved_stream = torch.rand(3)  # what rank 0 draws after the save
+    grown = {**setup, "world_size": 2}
+    set_seed(7 + 1)
+    expected_new_rank = torch.rand(3)
+    for rank, expected in ((0, saved_stream), (1, expected_new_rank)):
+        torch.manual_seed(99)  # whatever state the rank had before the load
+        with ckpt.EngineCheckpointer(grown, stepper, rank, None, reshard=True, seed=7).load(tmp_path / "c"):
+            pass
+        assert torch.equal(torch.rand(3), expected), f"rank {rank}"
+    with pytest.raises(CheckpointError, match="layout"):  # resharding frees the world size, nothing else
+        with ckpt.EngineCheckpointer({**grown, "layout": {"dp_replicate": 2}}, stepper, 0, None, reshard=True).load(tmp_path / "c"):
             pass
 
 

@@ -291,6 +291,10 @@ def test_layout_check_names_every_difference(tmp_path: Path) -> None:
         ckpt.check_compatible(saved, current, tmp_path)
     assert "world_size: checkpoint 4 vs this engine 2" in str(error.value) and "layout" in str(error.value)
     ckpt.check_compatible(saved, dict(saved), tmp_path)
+    with pytest.raises(CheckpointError) as error:  # an engine that reshards: the layout is still checked
+        ckpt.check_compatible(saved, current, tmp_path, reshard=True)
+    assert "layout" in str(error.value) and "world_size" not in str(error.value)
+    ckpt.check_compatible(saved, {**saved, "world_size": 2}, tmp_path, reshard=True)
 
 
 # --------------------------------------------------------------------------------- HF folders

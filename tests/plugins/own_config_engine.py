@@ -46,4 +46,4 @@ class UserDDPEngine(ModuleEngine):
         self.module.to(device)
 
     def _layout(self):
-        return {"dp_replicate": self.world_size}
+        return {}  # every rank a full replica: nothing to record besides the world size (RESHARD frees it)

@@ -6,8 +6,17 @@ Layout of a checkpoint folder ``path``:
   (``model_optim/``: a sharded torch.distributed.checkpoint, for engines whose model is
   one torch module: ``save_module_state`` / ``load_module_state``);
 * ``rng_rank{r}.pt``: each rank's python/numpy/torch RNG state;
+* ``hf_config/``: the non-weight files of the model's source folder (config, tokenizer), so
+  the checkpoint alone is enough to export it as an HF folder (``rlflow-export``);
 * ``engine_meta.json``: engine name, model kind, world size, parallel layout, step
   counters and LR-schedule state. Written last: a folder without it is incomplete.
+
+Resharding: an engine that passes ``reshard=True`` (it declares ``Capability.RESHARD``: its
+state is a DCP checkpoint that DCP redistributes) loads a checkpoint written at another world
+size; engine, model kind and layout must still match. RNG rule on a world-size change: rank
+``r`` restores ``rng_rank{r}.pt`` when the checkpoint has it, and a rank the checkpoint did not
+have reseeds from ``seed + r`` (the engine's seed, as at initialisation); the streams of ranks
+that no longer exist are dropped.
 
 ``EngineCheckpointer`` is everything except the model/optimizer state, for any engine:
 the atomic folder, the RNG files, the meta with the ``OptimizerStepper`` state, and the
@@ -35,14 +44,16 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from rlflow.engines.common.models import source_files_to_copy
 from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.errors import CheckpointError
 from rlflow.utils.durable import fsync_path, fsync_tree
 from rlflow.utils.logging import get_logger
 from rlflow.utils.safe_io import load_weights_only
-from rlflow.utils.seed import get_rng_state, set_rng_state
+from rlflow.utils.seed import get_rng_state, set_rng_state, set_seed
 
 __all__ = [
+    "HF_CONFIG_DIR",
     "META_FILE",
     "MODEL_OPTIM_DIR",
     "EngineCheckpointer",
@@ -53,6 +64,7 @@ __all__ = [
     "read_meta",
     "resolve_checkpoint_dir",
     "save_module_state",
+    "save_model_files",
     "save_rng",
     "setup_meta",
     "write_meta",
@@ -60,6 +72,7 @@ __all__ = [
 
 META_FILE = "engine_meta.json"
 MODEL_OPTIM_DIR = "model_optim"
+HF_CONFIG_DIR = "hf_config"
 _logger = get_logger(__name__)
 
 
@@ -127,12 +140,13 @@ def setup_meta(engine: str, model_kind: str, world_size: int, layout: dict[str, 
     return dict(zip(_SETUP_KEYS, (engine, model_kind, world_size, layout)))
 
 
-def check_compatible(saved: dict[str, Any], current: dict[str, Any], folder: Path) -> None:
-    """Raise CheckpointError listing each of engine/model_kind/world_size/layout that differs."""
+def check_compatible(saved: dict[str, Any], current: dict[str, Any], folder: Path, reshard: bool = False) -> None:
+    """Raise CheckpointError listing each of engine/model_kind/world_size/layout that differs
+    (``reshard``: the world size may differ)."""
     differences = [
         f"{key}: checkpoint {saved.get(key)!r} vs this engine {current[key]!r}"
         for key in _SETUP_KEYS
-        if saved.get(key) != current[key]
+        if saved.get(key) != current[key] and not (reshard and key == "world_size")
     ]
     if differences:
         raise CheckpointError(
@@ -152,6 +166,15 @@ def load_rng(folder: Path, rank: int) -> None:
     set_rng_state(load_weights_only(file, CheckpointError))
 
 
+def save_model_files(folder: Path, model_path: Path, group: Optional[dist.ProcessGroup]) -> None:
+    """Rank 0 copies the model's config and tokenizer files (no weights) into ``folder/hf_config``."""
+    if _is_rank0(group):
+        target = folder / HF_CONFIG_DIR
+        target.mkdir()
+        for file in source_files_to_copy(model_path):
+            shutil.copy2(file, target / file.name)
+
+
 class EngineCheckpointer:
     """The engine-independent part of ``save_checkpoint`` / ``load_checkpoint``.
 
@@ -163,9 +186,13 @@ class EngineCheckpointer:
     optimizer-step state are restored.
     """
 
-    def __init__(self, setup: dict[str, Any], stepper: OptimizerStepper, rank: int, group: Optional[dist.ProcessGroup]) -> None:
-        """``setup``: from ``setup_meta``; ``rank``: this process's rank in ``group`` (None: the default group)."""
+    def __init__(self, setup: dict[str, Any], stepper: OptimizerStepper, rank: int, group: Optional[dist.ProcessGroup],
+                 reshard: bool = False, seed: int = 0) -> None:
+        """``setup``: from ``setup_meta``; ``rank``: this process's rank in ``group`` (None: the default group);
+        ``reshard``: load checkpoints of any world size (the engine's state loader reshards); ``seed``: the
+        engine's seed, from which a rank the checkpoint did not have derives its RNG state."""
         self.setup, self.stepper, self.rank, self.group = setup, stepper, rank, group
+        self.reshard, self.seed = reshard, seed
 
     @contextmanager
     def save(self, path: str | Path) -> Iterator[Path]:
@@ -178,9 +205,14 @@ class EngineCheckpointer:
     def load(self, path: str | Path) -> Iterator[Path]:
         folder = resolve_checkpoint_dir(path)
         meta = read_meta(folder)
-        check_compatible(meta, self.setup, folder)
+        check_compatible(meta, self.setup, folder, self.reshard)
         yield folder
-        load_rng(folder, self.rank)
+        if self.rank < meta["world_size"]:
+            load_rng(folder, self.rank)
+        else:
+            _logger.info("checkpoint %s has no RNG state for rank %d (written at world size %d): seeding it from %d + rank",
+                         folder, self.rank, meta["world_size"], self.seed)
+            set_seed(self.seed + self.rank)
         self.stepper.load_state_dict(meta)
 
 
@@ -191,7 +223,7 @@ def save_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Op
 
 
 def load_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, group: Optional[dist.ProcessGroup]) -> None:
-    """Load what ``save_module_state`` wrote into ``module`` and ``optimizer`` (same layout)."""
+    """Load what ``save_module_state`` wrote into ``module`` and ``optimizer`` (DCP reshards to this world size)."""
     model_state, optim_state = get_state_dict(module, optimizer)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(folder / MODEL_OPTIM_DIR), process_group=group)

@@ -19,7 +19,13 @@ import torch.distributed as dist
 from torch import nn
 
 from rlflow.engines.base import BaseEngine, Capability, EngineMesh, LossFn
-from rlflow.engines.common.checkpointing import EngineCheckpointer, load_module_state, save_module_state, setup_meta
+from rlflow.engines.common.checkpointing import (
+    EngineCheckpointer,
+    load_module_state,
+    save_model_files,
+    save_module_state,
+    setup_meta,
+)
 from rlflow.engines.common.distributed import join_process_group
 from rlflow.engines.common.forward_backward import run_forward_backward
 from rlflow.engines.common.hf_export import save_hf_from_export
@@ -40,7 +46,8 @@ class ModuleEngine(BaseEngine):
 
     config_class = HFModuleEngineConfig
     config: HFModuleEngineConfig
-    capabilities = frozenset({Capability.MIXED_PRECISION, Capability.VALUE_MODEL})
+    # RESHARD: the state is a DCP checkpoint of FQN-keyed state dicts, which DCP redistributes over any world size
+    capabilities = frozenset({Capability.MIXED_PRECISION, Capability.VALUE_MODEL, Capability.RESHARD})
 
     def __init__(self, config: HFModuleEngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
         super().__init__(config, model_path, model_kind)
@@ -59,7 +66,8 @@ class ModuleEngine(BaseEngine):
         self.stepper = OptimizerStepper(self.optimizer, cfg, self._clip_grad_norm)
         self.offloader = HostOffload(self.device, cfg, self._move_module, partial(move_optimizer_state, self.optimizer))
         setup = setup_meta(cfg.name, self.model_kind, self.world_size, self._layout())
-        self.checkpointer = EngineCheckpointer(setup, self.stepper, self.rank, self.group)
+        reshard = Capability.RESHARD in self.capabilities
+        self.checkpointer = EngineCheckpointer(setup, self.stepper, self.rank, self.group, reshard, cfg.seed)
 
     def _require_initialized(self) -> None:
         if self.module is None:
@@ -109,6 +117,7 @@ class ModuleEngine(BaseEngine):
         self._require_initialized()
         with self.offloader.resident(), self.checkpointer.save(path) as folder:
             save_module_state(folder, self.module, self.optimizer, self.group)
+            save_model_files(folder, self.model_path, self.group)
 
     def load_checkpoint(self, path: str | Path) -> None:
         self._require_initialized()
@@ -143,4 +152,4 @@ class ModuleEngine(BaseEngine):
 
     @abc.abstractmethod
     def _layout(self) -> dict[str, Any]:
-        """The parallel layout recorded in checkpoints (e.g. shard and replicate sizes)."""
+        """The parallel layout recorded in checkpoints, apart from the world size (which ``RESHARD`` lets differ)."""

@@ -1,0 +1,147 @@
+"""``rlflow-export CKPT OUT``: a Hugging Face folder from an engine checkpoint, on one process, without Ray.
+
+``CKPT`` is any of:
+
+* a run folder (``trainer.default_local_dir``): its newest loadable ``global_step_N``;
+* a ``global_step_N`` folder of a PPO or SFT run: the engine checkpoint of ``--role``
+  (default: ``actor``, or the only one there is, e.g. SFT's ``engine``);
+* an engine checkpoint folder (the one holding ``engine_meta.json``).
+
+The weights are read from the checkpoint's sharded DCP state whatever world size and engine
+(fsdp, fsdp2, ...) wrote it (``checkpoint_reader``); config and tokenizer files come from the
+checkpoint's ``hf_config/`` or ``--model-path``; tied weights are written once, as
+``save_pretrained`` and the engines' ``save_hf`` write them. ``OUT`` is written atomically and replaced only
+when it is missing, empty or an earlier rlflow export. Bad input: one line, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rlflow.engines.common.checkpoint_reader import read_model_weights
+from rlflow.engines.common.checkpointing import HF_CONFIG_DIR, META_FILE, read_meta, resolve_checkpoint_dir
+from rlflow.engines.common.hf_export import EXPORT_MARKER, write_hf_folder
+from rlflow.engines.common.models import MODEL_KINDS
+from rlflow.errors import CheckpointError, UserError
+from rlflow.trainer.checkpoint import DRIVER_STATE, CheckpointManager
+from rlflow.trainer.checkpoint_manifest import manifest_problem
+
+__all__ = ["export_checkpoint", "main"]
+
+DEFAULT_ROLE = "actor"
+
+
+class ExportError(UserError):
+    """The export's output folder or model files are unusable."""
+
+
+def _engine_checkpoints(step_dir: Path) -> list[str]:
+    return sorted(child.name for child in step_dir.iterdir() if (child / META_FILE).is_file())
+
+
+def _step_folder(path: Path) -> Path:
+    """``path`` itself if it is a ``global_step_N`` folder, else the newest loadable one of the run folder ``path``."""
+    if (path / DRIVER_STATE).is_file():
+        problem = manifest_problem(path)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
+        return path
+    latest = CheckpointManager(path).latest()
+    if latest is None:
+        raise CheckpointError(
+            f"{path} is not a checkpoint: no {META_FILE} (engine checkpoint), no {DRIVER_STATE} (global_step_N folder) "
+            f"and no complete global_step_N inside (run folder)"
+        )
+    return latest
+
+
+def _engine_folder(path: Path, role: Optional[str]) -> Path:
+    """The engine checkpoint folder that ``path`` (+ ``role``) names."""
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if role is None and (path / META_FILE).is_file():
+        return path
+    step_dir = _step_folder(path)
+    roles = _engine_checkpoints(step_dir)
+    chosen = role or (DEFAULT_ROLE if DEFAULT_ROLE in roles else roles[0] if len(roles) == 1 else None)
+    if chosen not in roles:
+        wanted = f"--role {chosen}" if chosen else "a --role"
+        raise CheckpointError(f"checkpoint {step_dir}: {wanted} is needed; its engine checkpoints are {roles or 'none'}")
+    return resolve_checkpoint_dir(step_dir / chosen)
+
+
+def _model_files(folder: Path, model_path: Optional[Path]) -> Path:
+    source = model_path or folder / HF_CONFIG_DIR
+    if not (source / "config.json").is_file():
+        how = "the model folder given by --model-path" if model_path else f"{HF_CONFIG_DIR}/ (written by older rlflow versions without it)"
+        raise ExportError(f"no config.json in {source}: {how}; pass --model-path <the HF folder the run started from>")
+    return source
+
+
+def _tied_copies(source: Path) -> set[str]:
+    """HF names that tie to another weight in the model of ``source`` (the LM head of tied embeddings).
+
+    The checkpoint's state dict holds them under both names; the live export (``named_parameters``)
+    and ``save_pretrained`` write them once, and so does this one. Found on a meta-device model: no memory.
+    """
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise ExportError(f"cannot read the model config in {source}: {str(error).splitlines()[0]}") from None
+    if not getattr(config, "tie_word_embeddings", False):
+        return set()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+
+
+def _check_out(out: Path) -> None:
+    if out.is_file():
+        raise ExportError(f"OUT {out} is a file; name a folder for the HF export")
+    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_MARKER).is_file():
+        raise ExportError(f"OUT {out} holds files rlflow did not export (no {EXPORT_MARKER}); name an empty or new folder")
+
+
+def export_checkpoint(checkpoint: Path, out: Path, role: Optional[str] = None, model_path: Optional[Path] = None) -> Path:
+    """Write the HF folder ``out`` from ``checkpoint`` (see the module doc); returns the engine folder read."""
+    folder = _engine_folder(checkpoint, role)
+    model_kind = read_meta(folder).get("model_kind")
+    if model_kind not in MODEL_KINDS:
+        raise CheckpointError(f"checkpoint {folder}: model kind {model_kind!r} is not one of {sorted(MODEL_KINDS)}")
+    source = _model_files(folder, model_path)
+    _check_out(out)
+    tied = _tied_copies(source)
+    weights = [(name, tensor) for name, tensor in read_model_weights(folder) if name not in tied]
+    write_hf_folder(out, weights, source, MODEL_KINDS[model_kind].weight_file)
+    return folder
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlflow-export", description=__doc__.split("\n", 1)[0])
+    parser.add_argument("checkpoint", type=Path, help="run folder, global_step_N folder or engine checkpoint folder")
+    parser.add_argument("out", type=Path, help="the HF folder to write (missing, empty or an earlier rlflow export)")
+    parser.add_argument("--role", help=f"engine checkpoint inside global_step_N (default: {DEFAULT_ROLE} or the only one)")
+    parser.add_argument("--model-path", type=Path, help=f"config/tokenizer source for checkpoints without {HF_CONFIG_DIR}/")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Console script ``rlflow-export``; returns the exit status (2: bad input, one line on stderr)."""
+    args = _parser().parse_args(argv)
+    try:
+        folder = export_checkpoint(args.checkpoint, args.out, args.role, args.model_path)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"exported {folder} to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
