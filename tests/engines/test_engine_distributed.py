@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+from transformers import AutoModelForSequenceClassification
 
 from engine_scenarios import ENGINES, engines_with, killed_save, one_rank_suites, parity_configs, two_rank_suites
 from engine_testlib import REFERENCE_LRS, build_test_model, spawn
@@ -23,7 +24,6 @@ from rlflow.algos import loss_agg_modes
 from rlflow.engines import EngineRegistry
 from rlflow.engines.base import Capability
 from rlflow.engines.common.module_engine import ModuleEngine
-from rlflow.models.value_head import ValueHeadModel
 
 TOKEN_TOL = 1e-5
 # The module fixtures each run one multi-configuration launch (about a minute of CPU); on a
@@ -39,8 +39,8 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def two_rank(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     value_path = tmp_path_factory.mktemp("engine_value") / "value"
-    torch.manual_seed(123)
-    ValueHeadModel.from_pretrained(model_path).save_pretrained(value_path)
+    torch.manual_seed(123)  # a random score head, saved as TRL/OpenRLHF save a reward model
+    AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1).save_pretrained(value_path)
     for file in model_path.iterdir():  # tokenizer files beside the value model, like a real critic folder
         if file.name.startswith("tokenizer") and not (value_path / file.name).exists():
             (value_path / file.name).write_bytes(file.read_bytes())
@@ -181,8 +181,10 @@ def test_value_engine(engine: str, two_rank: Path) -> None:
     saved = results[(engine, "saved")]
     assert not torch.allclose(saved["engine"], results["direct"])  # the step changed the values
     torch.testing.assert_close(saved["reloaded"], saved["engine"], atol=TOKEN_TOL, rtol=0)
-    assert {"model.safetensors", "value_head.safetensors", "config.json"} <= set(saved["files"])
-    assert set(saved["fresh_head"]) == {"value_head.weight", "value_head.bias"}
+    assert {"model.safetensors", "config.json"} <= set(saved["files"])
+    assert saved["architectures"] == ["Qwen2ForSequenceClassification"]  # the source folder's class, round-tripped
+    assert saved["fresh_architectures"] == ["Qwen2ForTokenClassification"]  # a critic started from a causal LM
+    assert set(saved["fresh_head"]) == {"score.weight", "score.bias"}
     for name, tensor in saved["expected_fresh_head"].items():
         assert torch.equal(saved["fresh_head"][name], tensor), name
 
