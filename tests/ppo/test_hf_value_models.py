@@ -56,7 +56,7 @@ def test_sequence_classifier_scores_and_initialises_the_critic_in_a_ppo_run(tiny
 
     monkeypatch.setattr(PPOTrainer, "_compute_advantages", keep_a_copy)
     overrides = base_overrides(tiny_model, addition_data, tmp_path / "run") + [
-        "algorithm=ppo", "rollout=hf", "trainer.total_training_steps=1", "critic.ppo_mini_batch_size=2",
+        "algorithm=ppo", "rollout=hf", "trainer.total_training_steps=1", "critic.ppo_mini_batch_size=2", "data.val_files=[]",
         "reward.reward_model.enable=true", f"reward.reward_model.path={rm_folder}", f"critic.model.path={rm_folder}",
     ]
     run_ppo(compose_ppo(overrides))
