@@ -75,10 +75,18 @@ class ActorConfig:
 
 
 @dataclass
+class CriticModelConfig:
+    """Where the critic's weights come from."""
+
+    path: Optional[str] = None  # HF folder (causal LM, sequence/token classification); null: the actor's model
+
+
+@dataclass
 class CriticConfig:
     """The value model used by GAE; ignored by critic-free estimators."""
 
     engine: Any = None
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
     ppo_mini_batch_size: int = 16
     ppo_epochs: int = 1
     shuffle: bool = True
@@ -169,10 +177,10 @@ class AlgorithmConfig:
 
 @dataclass
 class RewardModelConfig:
-    """A value-head reward model whose last-token value scores each response."""
+    """A reward model (an HF *ForSequenceClassification folder) whose score at each response's last token scores it."""
 
     enable: bool = False
-    path: Optional[str] = None  # HF folder (+ value_head.safetensors); null: model.path
+    path: Optional[str] = None  # HF folder (sequence/token classification, num_labels=1); null: model.path
     engine: Any = None  # validated against the engine's own dataclass (rlflow/configs/engine/*.yaml)
 
 
@@ -185,6 +193,8 @@ class RewardConfig:
     error_score: float = 0.0  # score given when a reward function raises or returns non-finite
     max_error_fraction: float = 0.5  # abort when more of a training batch got error_score (rlflow/trainer/divergence.py)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    combine: str = "replace"  # with a reward model: replace (rm_weight*rm) | add (rule + rm_weight*rm); rlflow/rewards/combine.py
+    rm_weight: float = 1.0  # weight of the reward model's score in `combine`
 
 
 @dataclass

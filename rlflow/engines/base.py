@@ -18,7 +18,7 @@ Per-token outputs, ``[B, T]`` in the input order, zero where undefined:
 * ``log_probs[b, t]`` = log p(input_ids[b, t] | input_ids[b, :t]) / temperature-scaled logits
   (the log-prob *of* token t, so it lines up with ``loss_mask``; 0 at each sequence's first token);
 * ``entropy[b, t]`` = entropy of the distribution that token t was drawn from (only when requested);
-* ``values[b, t]`` = the value head's output at token t (value models; the state after token t).
+* ``values[b, t]`` = the score head's output at token t (value models; the state after token t).
 
 Only ranks whose ``mesh.is_collect`` is true return these outputs; the others return an
 empty ``DataProto`` (a pipeline engine's non-last stages have no per-token outputs, and the
@@ -100,7 +100,7 @@ class Capability(str, enum.Enum):
     """
 
     MIXED_PRECISION = "mixed_precision"  # param_dtype != dtype: compute in param_dtype, master weights in dtype
-    VALUE_MODEL = "value_model"  # model_kind="value": a value-head model (critic, reward model)
+    VALUE_MODEL = "value_model"  # model_kind="value": an HF classification model with one label (critic, reward model)
     RESHARD = "reshard"  # load_checkpoint takes a checkpoint written at another world size (same layout otherwise)
 
 
@@ -130,7 +130,7 @@ class BaseEngine(abc.ABC):
 
     def __init__(self, config: EngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
         """``model_path``: a local HF folder. ``model_kind``: ``causal_lm`` (outputs log_probs,
-        entropy) or ``value`` (a value-head model; outputs values)."""
+        entropy) or ``value`` (an HF classification model with one label; outputs values)."""
         self.config = config
         self.model_path = Path(model_path)
         self.model_kind = model_kind

@@ -1,7 +1,7 @@
 """``fsdp2``: PyTorch's per-parameter sharding (``fully_shard``) on a DeviceMesh.
 
 Each decoder layer is one ``fully_shard`` unit and the root (embeddings, final norm,
-LM/value head) another. Parameters are DTensors sharded on dim 0 over the ``dp_shard``
+LM or score head) another. Parameters are DTensors sharded on dim 0 over the ``dp_shard``
 mesh dimension; with ``hybrid_replicate_size > 1`` the mesh is
 ``(dp_replicate, dp_shard)`` and shards are replicated across groups (HSDP).
 Mixed precision comes from ``param_dtype`` / ``reduce_dtype`` with master weights in

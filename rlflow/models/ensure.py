@@ -72,3 +72,11 @@ def ensure_model(model_config: Any, tokenizer_corpus: Iterable[str]) -> Path:
     except FileNotFoundError as error:
         raise ModelFolderError(f"model.path: {error}") from None
     return path
+
+
+def check_model_folder(key: str, path: str | Path) -> Path:
+    """``path``, the value of config key ``key``, as a checked HF model folder; ``ModelFolderError`` names the key."""
+    try:
+        return require_model_folder(path)
+    except FileNotFoundError as error:
+        raise ModelFolderError(f"{key}: {error}") from None

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -71,23 +71,13 @@ def load_causal_lm(
     path: str | Path, dtype: str | torch.dtype = "float32", attn_implementation: str = "sdpa", **kwargs: Any
 ) -> PreTrainedModel:
     """An ``AutoModelForCausalLM`` from a local folder, in ``dtype``, with the given attention implementation."""
-    return _load_pretrained(AutoModelForCausalLM, path, dtype, attn_implementation, **kwargs)
+    return load_pretrained(AutoModelForCausalLM, path, dtype, attn_implementation, **kwargs)
 
 
-def load_backbone(
-    path: str | Path, dtype: str | torch.dtype = "float32", attn_implementation: str = "sdpa", **kwargs: Any
-) -> PreTrainedModel:
-    """The base transformer of a causal LM (``AutoModelForCausalLM(...).model``) without its LM head.
-
-    Loaded through ``AutoModel`` so the ``vocab x hidden`` LM head is never allocated; a causal-LM
-    checkpoint's ``model.`` prefix is stripped by transformers and its ``lm_head`` left unused.
-    """
-    return _load_pretrained(AutoModel, path, dtype, attn_implementation, **kwargs)
-
-
-def _load_pretrained(
+def load_pretrained(
     auto_cls: type, path: str | Path, dtype: str | torch.dtype, attn_implementation: str, **kwargs: Any
 ) -> PreTrainedModel:
+    """``auto_cls.from_pretrained`` on a checked local folder, in ``dtype``; load errors become ValueError naming it."""
     folder = require_model_folder(path)
     try:
         return auto_cls.from_pretrained(

@@ -1,7 +1,8 @@
 """Loaders for local Hugging Face folders: the one place engines, rollouts and roles load models from.
 
 - ``load_causal_lm(path, dtype, attn_implementation)``: an ``AutoModelForCausalLM``;
-- ``load_value_model(path, dtype, attn_implementation)``: a ``ValueHeadModel`` (critic, reward model);
+- ``load_value_model(path, dtype, attn_implementation)``: an HF sequence- or token-classification model
+  with one label (critic, reward model; ``rlflow.models.value_models``);
 - ``load_tokenizer(path, trust_remote_code)``: an ``AutoTokenizer`` with a pad token guaranteed;
 - ``resolve_dtype(name)``: ``"bf16"`` -> ``torch.bfloat16`` and friends.
 
@@ -16,23 +17,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from rlflow.models.hf_checkpoint import (
     DTYPES,
-    load_backbone,
     load_causal_lm,
     require_model_folder,
     require_tokenizer_folder,
     resolve_dtype,
 )
-from rlflow.models.value_head import ValueHeadModel
+from rlflow.models.value_models import load_value_model
 
 __all__ = [
     "DTYPES",
-    "ValueHeadModel",
-    "load_backbone",
     "load_causal_lm",
     "load_tokenizer",
     "load_value_model",
@@ -54,9 +51,3 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False, **kwargs: 
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
-
-def load_value_model(
-    path: str | Path, dtype: str | torch.dtype = "float32", attn_implementation: str = "sdpa", **kwargs: Any
-) -> ValueHeadModel:
-    """A ``ValueHeadModel``: backbone from ``path``, head from its ``value_head.safetensors`` or freshly initialised."""
-    return ValueHeadModel.from_pretrained(path, torch_dtype=dtype, attn_implementation=attn_implementation, **kwargs)

@@ -31,6 +31,7 @@ from rlflow.engines.common.lr_schedulers import LR_SCHEDULE_REGISTRY
 from rlflow.models.hf_checkpoint import DTYPES
 from rlflow.models.presets import PRESETS
 from rlflow.observability.tracking import TRACKER_REGISTRY
+from rlflow.rewards.combine import REWARD_COMBINE_REGISTRY
 from rlflow.rollout import ROLLOUT_REGISTRY
 from rlflow.rollout.processing import PROMPT_OVERFLOW_POLICIES
 from rlflow.rollout.sampling import LOGPROBS_MODES
@@ -117,6 +118,7 @@ def ppo_choices(engine_mounts: Iterable[str]) -> list[Choice]:
         Choice("algorithm.adv_estimator", ADV_ESTIMATOR_REGISTRY),
         Choice("algorithm.kl_penalty", KL_ESTIMATOR_REGISTRY, _kl_base),
         Choice("algorithm.kl_ctrl.type", KL_CONTROLLER_REGISTRY),
+        Choice("reward.combine", REWARD_COMBINE_REGISTRY),
         *(choice for mount in engine_mounts for choice in engine_choices(mount)),
     ]
 

@@ -118,7 +118,8 @@ def export_checkpoint(checkpoint: Path, out: Path, role: Optional[str] = None, m
     _check_out(out)
     tied = _tied_copies(source)
     weights = [(name, tensor) for name, tensor in read_model_weights(folder) if name not in tied]
-    write_hf_folder(out, weights, source, MODEL_KINDS[model_kind].weight_file)
+    folder_config = MODEL_KINDS[model_kind].folder_export_config
+    write_hf_folder(out, weights, source, folder_config(source) if folder_config else None)
     return folder
 
 

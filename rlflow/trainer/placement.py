@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from rlflow.models.ensure import check_model_folder
 from rlflow.roles.actor import Actor
 from rlflow.roles.actor_rollout_ref import ActorRolloutRef
 from rlflow.roles.critic import Critic
@@ -70,9 +71,25 @@ def _reward_model_spec(config: Any, model_path: Path) -> Optional[WorkerSpec]:
     return WorkerSpec(RewardModel, reward_model, reward_model.path or str(model_path))
 
 
+def check_role_model_folders(config: Any, use_critic: bool) -> None:
+    """Check the critic's and the reward model's own folders (where set and used) before Ray starts."""
+    folders = {
+        "critic.model.path": config.critic.model.path if use_critic else None,
+        "reward.reward_model.path": config.reward.reward_model.path if config.reward.reward_model.enable else None,
+    }
+    for key, path in folders.items():
+        if path:
+            check_model_folder(key, path)
+
+
+def _critic_spec(config: Any, model_path: Path) -> WorkerSpec:
+    """The critic from ``critic.model.path``, or from the actor's model folder when that is null."""
+    return WorkerSpec(Critic, config.critic, config.critic.model.path or str(model_path))
+
+
 def _place_colocated(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
     optional = {
-        "critic": WorkerSpec(Critic, config.critic, str(model_path)) if use_critic else None,
+        "critic": _critic_spec(config, model_path) if use_critic else None,
         "reward_model": _reward_model_spec(config, model_path),
     }
     workers = {
@@ -101,7 +118,7 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
         rollout = start("rollout", WorkerSpec(RolloutWorker, config.rollout, str(model_path)),
                         config.rollout.num_replicas or procs)
         ref = start("ref", WorkerSpec(Reference, config.ref, str(model_path)), procs) if use_ref else None
-        critic = start("critic", WorkerSpec(Critic, config.critic, str(model_path)), procs) if use_critic else None
+        critic = start("critic", _critic_spec(config, model_path), procs) if use_critic else None
         reward_spec = _reward_model_spec(config, model_path)
         reward_model = start("reward_model", reward_spec, procs) if reward_spec else None
     except BaseException:

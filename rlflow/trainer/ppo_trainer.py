@@ -27,10 +27,11 @@ from rlflow.rewards.manager import RewardManager
 from rlflow.rollout import rollout_mismatch_metrics
 from rlflow.trainer.batch_balance import balance_batch
 from rlflow.trainer.checkpoint import CheckpointManager
-from rlflow.trainer.divergence import DivergenceGuard, replace_non_finite
-from rlflow.trainer.placement import PlacedRoles, place_roles
+from rlflow.trainer.divergence import DivergenceGuard
+from rlflow.trainer.placement import PlacedRoles, check_role_model_folders, place_roles
 from rlflow.trainer.ppo_metrics import data_metrics, throughput_metrics, validation_metrics
 from rlflow.trainer.preemption import PreemptionFlag
+from rlflow.trainer.response_scoring import ResponseScorer
 from rlflow.trainer.run_folder import export_dir, open_run_folder
 from rlflow.utils.logging import get_logger
 from rlflow.utils.metric_values import mean_per_key
@@ -67,6 +68,7 @@ class PPOTrainer:
         self.use_ref = bool(algo.use_kl_in_reward or config.actor.use_kl_loss)
         self.needs_greedy_baseline = _needs(algo.adv_estimator, "reward_baselines")
         self.model_path = ensure_model(config.model, tokenizer_corpus())
+        check_role_model_folders(config, self.use_critic)
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or self.model_path, config.model.trust_remote_code)
         self.train_loader = build_rl_loader(config.data, self.tokenizer, "train")
         self.val_loader = build_rl_loader(config.data, self.tokenizer, "val") if config.data.val_files else None
@@ -75,6 +77,7 @@ class PPOTrainer:
         self._fill_derived_config()
         self.kl_ctrl = get_kl_controller(algo.kl_ctrl)
         self.reward_manager = RewardManager(self.tokenizer, config.reward, config.trainer.timeouts.reward_s)
+        self.scorer = ResponseScorer(self.reward_manager, config.reward)
         self.guard = DivergenceGuard.from_config(config)
         self.checkpoints = CheckpointManager.for_run(config)
         set_seed(config.trainer.seed)
@@ -191,20 +194,10 @@ class PPOTrainer:
         return metrics
 
     def _score(self, batch: DataProto, metrics: dict[str, float]) -> torch.Tensor:
-        """Token-level scores: the reward model's when one is enabled, else the rule/custom rewards.
-
-        Non-finite reward-model scores get ``reward.error_score`` like failed reward functions; either
-        way the errors are counted and checked against ``reward.max_error_fraction``.
-        """
-        if self.roles.reward_model is not None:
-            rm_scores = self.roles.reward_model.compute_rm_score(batch).batch["rm_scores"]
-            scores, errors = replace_non_finite(rm_scores, self.config.reward.error_score)
-            metrics["reward/error_count"], scorer = float(errors), "reward model"
-        else:
-            scores, reward_metrics = self.reward_manager(batch)
-            metrics.update(reward_metrics)
-            scorer = "reward function"
-        metrics.update(self.guard.check_reward_errors(int(metrics["reward/error_count"]), len(batch), scorer))
+        """Token-level scores: rule rewards, reward model or both (``ResponseScorer``); errors checked."""
+        scores, score_metrics = self.scorer.score(batch, self.roles.reward_model)
+        metrics.update(score_metrics)
+        metrics.update(self.guard.check_reward_errors(int(metrics["reward/error_count"]), len(batch), self.scorer.scorer_name))
         return scores
 
     def _forward_passes(self, batch: DataProto) -> list:

@@ -31,7 +31,7 @@ LIST_KEYS = {"trainer.logger"}
 # String fields whose value is free text (a path, a name, a column, a spec), not one of a set.
 FREE_TEXT = {
     "model.path", "model.tokenizer_path", "data.prompt_key", "data.messages_key", "data.response_key",
-    "reward.custom_function", "reward.reward_model.path", "trainer.project_name", "trainer.experiment_name",
+    "reward.custom_function", "reward.reward_model.path", "critic.model.path", "trainer.project_name", "trainer.experiment_name",
     "trainer.ray_address", "trainer.ray_temp_dir", "trainer.default_local_dir", "trainer.resume_from_path",
     "trainer.export_hf_dir", "trainer.plugins", "rollout.stop", "rollout.val_kwargs.stop", "data.train_files",
     "data.val_files", "trainer.ray_node_ip_address",

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+from transformers import AutoModelForSequenceClassification
 
 from checkpoint_scenarios import killed_save
 from engine_scenarios import one_rank_suites, two_rank_suites
 from engine_testlib import build_test_model, spawn
-from rlflow.models.value_head import ValueHeadModel
 
 
 @pytest.fixture(scope="session")
@@ -28,8 +28,8 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def two_rank(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     value_path = tmp_path_factory.mktemp("engine_value") / "value"
-    torch.manual_seed(123)
-    ValueHeadModel.from_pretrained(model_path).save_pretrained(value_path)
+    torch.manual_seed(123)  # a random score head, saved as TRL/OpenRLHF save a reward model
+    AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1).save_pretrained(value_path)
     for file in model_path.iterdir():  # tokenizer files beside the value model, like a real critic folder
         if file.name.startswith("tokenizer") and not (value_path / file.name).exists():
             (value_path / file.name).write_bytes(file.read_bytes())

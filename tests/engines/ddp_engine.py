@@ -126,4 +126,4 @@ class DDPTestEngine(BaseEngine):
             yield from hf_named_tensors(named, dtype)
 
     def save_hf(self, path: str | Path) -> None:
-        save_hf_from_export(path, self.export_hf_weights(), self.model_path, self.kind.weight_file)
+        save_hf_from_export(path, self.export_hf_weights(), self.model_path, self.kind.export_config(self.module.module))

@@ -152,15 +152,20 @@ def export_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) ->
 
 
 def value_suite(rank: int, world_size: int, model_path: Path, value_path: Path, out_dir: Path) -> None:
-    """Value-head engine: values vs the model run directly, packed vs padded, training, save/reload, fresh head."""
-    from rlflow.models.value_head import ValueHeadModel
+    """Value model (an HF sequence-classification folder): values vs the HF model run directly, packed vs
+    padded, training, save/reload in the HF class, and a fresh head on a causal-LM folder."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from rlflow.models.value_models import load_value_model
 
     batch = make_batch(seed=41)
     ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"]
 
     def direct_values(folder: Path) -> torch.Tensor:
+        model = AutoModelForSequenceClassification.from_pretrained(folder)
         with torch.no_grad():
-            return ValueHeadModel.from_pretrained(folder)(ids, attention_mask=mask, position_ids=position_ids_of(mask)) * mask
+            hidden = model.model(ids, attention_mask=mask, position_ids=position_ids_of(mask)).last_hidden_state
+            return model.score(hidden).squeeze(-1) * mask
 
     def value_loss(outputs, micro, ctx):
         loss_mask = micro.batch["loss_mask"]
@@ -181,15 +186,19 @@ def value_suite(rank: int, world_size: int, model_path: Path, value_path: Path, 
         trained, _ = engine.forward_backward(batch, forward_only=True)
         folder = out_dir / f"value_{name}"
         engine.save_hf(folder)
-        fresh = new_engine(engine_config(name), model_path, kind="value")  # no value_head.safetensors: fresh head
-        fresh_head = {n: t.clone() for n, t in fresh.export_hf_weights() if n.startswith("value_head.")}
+        fresh = new_engine(engine_config(name), model_path, kind="value")  # a causal-LM folder: fresh head
+        fresh_head = {n: t.clone() for n, t in fresh.export_hf_weights() if n.startswith("score.")}
+        fresh_folder = out_dir / f"fresh_value_{name}"
+        fresh.save_hf(fresh_folder)
         if rank == 0:
             torch.manual_seed(engine_config(name).get("seed", 0))
-            expected_head = {n: t for n, t in ValueHeadModel.from_pretrained(model_path).state_dict().items() if n.startswith("value_head.")}
+            expected_head = {n: t for n, t in load_value_model(model_path).state_dict().items() if n.startswith("score.")}
             results[(name, "saved")] = {
                 "engine": trained.batch["values"] * mask,
                 "reloaded": direct_values(folder),
                 "files": sorted(os.listdir(folder)),
+                "architectures": AutoConfig.from_pretrained(folder).architectures,
+                "fresh_architectures": AutoConfig.from_pretrained(fresh_folder).architectures,
                 "fresh_head": fresh_head,
                 "expected_fresh_head": expected_head,
             }

@@ -116,8 +116,10 @@ def test_value_engine(engine: str, two_rank: Path) -> None:
     saved = results[(engine, "saved")]
     assert not torch.allclose(saved["engine"], results["direct"])  # the step changed the values
     torch.testing.assert_close(saved["reloaded"], saved["engine"], atol=TOKEN_TOL, rtol=0)
-    assert {"model.safetensors", "value_head.safetensors", "config.json"} <= set(saved["files"])
-    assert set(saved["fresh_head"]) == {"value_head.weight", "value_head.bias"}
+    assert {"model.safetensors", "config.json"} <= set(saved["files"])
+    assert saved["architectures"] == ["Qwen2ForSequenceClassification"]  # the source folder's class, round-tripped
+    assert saved["fresh_architectures"] == ["Qwen2ForTokenClassification"]  # a critic started from a causal LM
+    assert set(saved["fresh_head"]) == {"score.weight", "score.bias"}
     for name, tensor in saved["expected_fresh_head"].items():
         assert torch.equal(saved["fresh_head"][name], tensor), name
 

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from engine_testlib import build_test_model
 from rlflow.engines import BaseEngine, EngineConfigError, EngineRegistry, build_engine, get_engine_cls
@@ -20,7 +20,6 @@ from rlflow.engines.common.hf_export import write_hf_folder
 from rlflow.engines.common.logprob import chunked_log_probs
 from rlflow.engines.common.lr_schedulers import LR_SCHEDULE_REGISTRY, LRSchedule, register_lr_schedule
 from rlflow.engines.common.micro_batching import balanced_partition, plan_micro_batches
-from rlflow.engines.common.models import get_model_kind
 from rlflow.engines.common.optimizers import build_adamw, clean_param_name, no_decay_names
 from rlflow.engines.common.packing import make_token_stream
 from rlflow.engines.config import (
@@ -301,7 +300,7 @@ def test_layout_check_names_every_difference(tmp_path: Path) -> None:
 def test_sharded_hf_folder_loads_in_transformers(model_path: Path, tmp_path: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_path)
     state = model.state_dict()
-    out = write_hf_folder(tmp_path / "hf", state.items(), model_path, get_model_kind("causal_lm").weight_file, shard_bytes=50_000)
+    out = write_hf_folder(tmp_path / "hf", state.items(), model_path, shard_bytes=50_000)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1 and set(index["weight_map"]) == set(state)
     assert (out / "tokenizer.json").is_file() and not list(out.glob(".*"))
@@ -310,8 +309,11 @@ def test_sharded_hf_folder_loads_in_transformers(model_path: Path, tmp_path: Pat
         assert torch.equal(tensor, state[name]), name
 
 
-def test_value_head_goes_to_its_own_file(model_path: Path, tmp_path: Path) -> None:
-    tensors = [("model.norm.weight", torch.ones(4)), ("value_head.weight", torch.zeros(1, 4))]
-    out = write_hf_folder(tmp_path / "v", tensors, model_path, get_model_kind("value").weight_file)
-    assert set(load_file(out / "value_head.safetensors")) == {"value_head.weight"}
-    assert set(load_file(out / "model.safetensors")) == {"model.norm.weight"}
+def test_a_model_config_replaces_the_source_config(model_path: Path, tmp_path: Path) -> None:
+    config = AutoConfig.from_pretrained(model_path, num_labels=1)
+    config.architectures = ["Qwen2ForTokenClassification"]
+    out = write_hf_folder(tmp_path / "v", [("score.weight", torch.zeros(1, 4))], model_path, config)
+    written = json.loads((out / "config.json").read_text())
+    assert written["architectures"] == ["Qwen2ForTokenClassification"] and len(written["id2label"]) == 1
+    assert set(load_file(out / "model.safetensors")) == {"score.weight"}
+    assert (out / "tokenizer.json").is_file()

@@ -77,19 +77,19 @@ def test_the_export_folder_is_replaced_only_when_rlflow_wrote_it(tmp_path):
     with pytest.raises(RunFolderError, match=r"trainer.export_hf_dir.*mine holds files rlflow did not export"):
         open_run_folder(_config(tmp_path, f"trainer.export_hf_dir={user_folder}"))
     with pytest.raises(FileExistsError, match="not an rlflow export"):  # the writer refuses it too
-        write_hf_folder(user_folder, [("w", torch.zeros(2))], tmp_path, lambda name: "model.safetensors")
+        write_hf_folder(user_folder, [("w", torch.zeros(2))], tmp_path)
     assert (user_folder / "notes.txt").read_text() == "precious"
 
     source = tmp_path / "source"
     source.mkdir()
     (source / "config.json").write_text("{}")
-    export = write_hf_folder(tmp_path / "export", [("w", torch.zeros(2))], source, lambda name: "model.safetensors")
+    export = write_hf_folder(tmp_path / "export", [("w", torch.zeros(2))], source)
     assert (export / EXPORT_MARKER).is_file() and (export / "config.json").is_file()
     check_export_dir(export)  # an rlflow export may be replaced
-    write_hf_folder(export, [("w", torch.ones(2))], source, lambda name: "model.safetensors")
+    write_hf_folder(export, [("w", torch.ones(2))], source)
     empty = tmp_path / "empty"
     empty.mkdir()
-    write_hf_folder(empty, [("w", torch.ones(2))], source, lambda name: "model.safetensors")
+    write_hf_folder(empty, [("w", torch.ones(2))], source)
     assert (empty / "model.safetensors").is_file()
 
 

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from rlflow.models.loading import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype
+from rlflow.models.value_models import per_token_values
 
 _SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64)
@@ -39,7 +40,7 @@ def test_architectures_load_with_identical_logits(arch, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, reference(ids).logits, rtol=0, atol=0)
         torch.testing.assert_close(eager(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-6)
-        values = load_value_model(tmp_path)(ids)
+        values = per_token_values(load_value_model(tmp_path), ids)
     assert values.shape == (2, 9)
     bf16 = load_causal_lm(tmp_path, dtype="bf16")
     assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}

@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 import vllm
 from omegaconf import OmegaConf
-from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from rlflow.engines.common.hf_module import load_forward_module
 from rlflow.engines.common.models import get_model_kind
@@ -29,7 +29,7 @@ ENGINE_MOUNTS = ("actor.engine", "critic.engine", "ref.engine", "reward.reward_m
 def loads(monkeypatch) -> dict[str, list]:
     """``{transformers class: [trust_remote_code of each from_pretrained call]}``."""
     seen: dict[str, list] = defaultdict(list)
-    for cls in (AutoModel, AutoModelForCausalLM, AutoTokenizer):
+    for cls in (AutoModelForTokenClassification, AutoModelForCausalLM, AutoTokenizer):
         original = cls.from_pretrained
 
         def spy(*args, _original=original, _name=cls.__name__, **kwargs):
@@ -45,7 +45,7 @@ def test_engine_loads_pass_the_engine_configs_flag(loads, tiny_preset, trust):
     config = config_from_mapping(FSDP2EngineConfig, {"name": "fsdp2", "trust_remote_code": trust})
     load_forward_module(get_model_kind("causal_lm"), tiny_preset, config, rank=0)
     load_forward_module(get_model_kind("value"), tiny_preset, config, rank=0)
-    assert loads == {"AutoModelForCausalLM": [trust], "AutoModel": [trust]}
+    assert loads == {"AutoModelForCausalLM": [trust], "AutoModelForTokenClassification": [trust]}
 
 
 def test_tokenizer_loads_pass_the_flag(loads, tiny_preset):

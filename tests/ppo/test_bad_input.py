@@ -51,6 +51,19 @@ def test_missing_model_folder(addition_data, tmp_path):
     assert "no_model" in start_up_error(base_overrides(tmp_path / "no_model", addition_data, tmp_path))
 
 
+@pytest.mark.parametrize("key, extra", [
+    ("critic.model.path", ["algorithm=ppo", "critic.ppo_mini_batch_size=2"]),
+    ("reward.reward_model.path", ["reward.reward_model.enable=true"]),
+])
+def test_missing_value_model_folder_names_its_key(tiny_model, addition_data, tmp_path, key, extra):
+    message = start_up_error(base_overrides(tiny_model, addition_data, tmp_path) + extra + [f"{key}={tmp_path / 'no_rm'}"])
+    assert message.startswith(f"{key}: ") and "no_rm" in message
+
+
+def test_combine_add_without_a_reward_model(tiny_model, addition_data, tmp_path):
+    assert "reward.combine" in start_up_error(base_overrides(tiny_model, addition_data, tmp_path) + ["reward.combine=add"])
+
+
 def test_mini_batch_that_does_not_divide_the_batch(tiny_model, addition_data, tmp_path):
     message = start_up_error(base_overrides(tiny_model, addition_data, tmp_path) + ["actor.ppo_mini_batch_size=3"])
     assert "actor.ppo_mini_batch_size" in message

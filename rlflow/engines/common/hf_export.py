@@ -2,9 +2,10 @@
 
 Tensors are buffered up to ``shard_bytes`` and written as ``model-0000i-of-0000n``
 safetensors files with an index (one ``model.safetensors`` when it fits in one shard).
-Names matching a model kind's side-file prefix (the value head) go to their own file.
 The non-weight files of the source folder (config, tokenizer, chat template,
-generation config) are copied, and the folder appears atomically. Every export holds
+generation config) are copied; a ``model_config`` given replaces the copied ``config.json``
+(a value model loaded from a causal-LM folder is written as its classification class). The
+folder appears atomically. Every export holds
 ``rlflow_export.json`` (``EXPORT_MARKER``): an existing ``out_dir`` (or its ``.tmp`` twin) is
 replaced only when it carries that marker, so a user's folder is never deleted.
 
@@ -18,11 +19,12 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
+from transformers import PretrainedConfig
 
 from rlflow.engines.common.models import source_files_to_copy
 
@@ -88,7 +90,7 @@ def write_hf_folder(
     out_dir: str | Path,
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     source_folder: Path,
-    weight_file_of: Callable[[str], str],
+    model_config: Optional[PretrainedConfig] = None,
     shard_bytes: int = _SHARD_BYTES,
 ) -> Path:
     """Write ``named_tensors`` plus the source folder's config/tokenizer files to ``out_dir`` atomically."""
@@ -97,14 +99,14 @@ def write_hf_folder(
     _remove_export(tmp)
     tmp.mkdir(parents=True)
     (tmp / EXPORT_MARKER).write_text(json.dumps({"format": "hf", "writer": "rlflow"}) + "\n")
-    writers: dict[str, _ShardWriter] = {}
+    writer = _ShardWriter(tmp, "model", shard_bytes)
     for name, tensor in named_tensors:
-        stem = weight_file_of(name).removesuffix(".safetensors")
-        writers.setdefault(stem, _ShardWriter(tmp, stem, shard_bytes)).add(name, tensor)
-    for writer in writers.values():
-        writer.finish()
+        writer.add(name, tensor)
+    writer.finish()
     for file in source_files_to_copy(source_folder):
         shutil.copy2(file, tmp / file.name)
+    if model_config is not None:
+        model_config.to_json_file(str(tmp / "config.json"))
     _remove_export(out)
     os.replace(tmp, out)
     return out
@@ -114,12 +116,12 @@ def save_hf_from_export(
     out_dir: str | Path,
     exported: Iterable[tuple[str, torch.Tensor]],
     source_folder: Path,
-    weight_file_of: Callable[[str], str],
+    model_config: Optional[PretrainedConfig] = None,
     group: Optional[dist.ProcessGroup] = None,
 ) -> None:
     """Collective: every rank of ``group`` drains ``exported`` (its gathers are collective), rank 0 writes the folder."""
     if dist.get_rank(group) == 0:
-        write_hf_folder(out_dir, exported, source_folder, weight_file_of)
+        write_hf_folder(out_dir, exported, source_folder, model_config)
     else:
         for _ in exported:
             pass

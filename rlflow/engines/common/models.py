@@ -2,24 +2,27 @@
 
 A model kind says how to load the model (always through ``rlflow.models.loading``, the
 same path as any checkpoint), how to turn one ``TokenStream`` into per-token outputs,
-and how its weights are laid out in an HF folder. Engines shard the *forward module*
+and whether its exported HF folder takes the loaded model's config (a value model loaded
+from a causal-LM folder is written as its classification class). Engines shard the *forward module*
 (``HFForwardModule`` subclasses): a thin ``nn.Module`` whose ``.model`` is the HF model,
 so parameter names are ``"model." + hf_name``.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from rlflow.engines.common.logprob import chunked_log_probs
 from rlflow.engines.common.packing import TokenStream
 from rlflow.models.loading import load_causal_lm, load_value_model
-from rlflow.models.value_head import VALUE_HEAD_FILE, VALUE_HEAD_PREFIX
+from rlflow.models.value_models import per_token_values, value_model_export_config
 
 __all__ = ["FORWARD_PREFIX", "MODEL_KINDS", "ModelKind", "decoder_layer_classes", "get_model_kind", "source_files_to_copy"]
 
@@ -61,10 +64,10 @@ class CausalLMForward(HFForwardModule):
 
 
 class ValueForward(HFForwardModule):
-    """Value-head model: one scalar per stream token."""
+    """HF classification model with one label: the score head on every stream token."""
 
     def forward(self, stream: TokenStream, temperature: float, compute_entropy: bool) -> dict[str, torch.Tensor]:
-        values = self.model(stream.input_ids, attention_mask=stream.attention_mask, position_ids=stream.position_ids)
+        values = per_token_values(self.model, stream.input_ids, stream.attention_mask, stream.position_ids)
         return {"values": stream.to_rows(values.reshape(-1))}
 
 
@@ -81,18 +84,24 @@ class ModelKind:
     load: Callable[..., nn.Module]
     forward_cls: type[HFForwardModule]
     output_keys: tuple[str, ...]
-    side_files: dict[str, str]  # HF-name prefix -> safetensors file written beside the weights
+    # None: an export keeps the source folder's config.json. Otherwise the config an export of a model
+    # loaded from a folder writes (naming the model's class), read from the folder alone (offline export).
+    folder_export_config: Optional[Callable[[Path], PretrainedConfig]] = None
 
-    def weight_file(self, hf_name: str) -> str:
-        for prefix, filename in self.side_files.items():
-            if hf_name.startswith(prefix):
-                return filename
-        return "model.safetensors"
+    def export_config(self, forward_module: nn.Module) -> Optional[PretrainedConfig]:
+        """The config an HF export of the live ``forward_module`` writes (naming the model's class), or None to
+        keep the source folder's."""
+        if self.folder_export_config is None:
+            return None
+        model = forward_module.model
+        config = copy.deepcopy(model.config)
+        config.architectures = [type(model).__name__]
+        return config
 
 
 MODEL_KINDS: dict[str, ModelKind] = {
-    "causal_lm": ModelKind(load_causal_lm, CausalLMForward, ("log_probs", "entropy"), {}),
-    "value": ModelKind(load_value_model, ValueForward, ("values",), {VALUE_HEAD_PREFIX: VALUE_HEAD_FILE}),
+    "causal_lm": ModelKind(load_causal_lm, CausalLMForward, ("log_probs", "entropy")),
+    "value": ModelKind(load_value_model, ValueForward, ("values",), folder_export_config=value_model_export_config),
 }
 
 

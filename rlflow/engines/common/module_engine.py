@@ -131,7 +131,8 @@ class ModuleEngine(BaseEngine):
 
     def save_hf(self, path: str | Path) -> None:
         self._require_initialized()
-        save_hf_from_export(path, self.export_hf_weights(), self.model_path, self.kind.weight_file, self.group)
+        config = self.kind.export_config(self.module)
+        save_hf_from_export(path, self.export_hf_weights(), self.model_path, config, self.group)
 
     # ------------------------------------------------------------------ sharding hooks
     @abc.abstractmethod
