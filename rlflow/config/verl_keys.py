@@ -40,8 +40,6 @@ VERL_ONLY_SECTIONS: dict[str, dict[str, str]] = {
     },
     "sft_trainer": {
         "optim": "rlflow's optimizer and schedule are engine.optimizer.* and engine.lr_scheduler.*",
-        "ulysses_sequence_parallel_size": "rlflow has no sequence parallelism",
-        "use_remove_padding": "rlflow's is engine.use_remove_padding",
     },
 }
 

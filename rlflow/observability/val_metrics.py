@@ -74,7 +74,9 @@ def prompt_metrics(values: Sequence[float], answers: Optional[Sequence[Optional[
         for name, reduce in (("best", np.max), ("worst", np.min)):
             metrics[f"{name}@{k}/mean"], metrics[f"{name}@{k}/std"] = _draw_stats(array[draws], reduce)
         if answers is not None:
-            vote = lambda draw: majority_value(array[draw], [answers[i] for i in draw])  # noqa: E731
+            def vote(draw: np.ndarray) -> float:
+                return majority_value(array[draw], [answers[i] for i in draw])
+
             metrics[f"maj@{k}/mean"], metrics[f"maj@{k}/std"] = _draw_stats(draws, vote)
     return metrics
 
