@@ -38,6 +38,7 @@ class DataConfig:
     filter_overlong_prompts: bool = False
     shuffle: bool = True
     seed: int = 0
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat template variables
 
 
 @dataclass
@@ -282,6 +283,7 @@ class SFTDataConfig:
     val_batch_size: Optional[int] = None  # null: train_batch_size
     shuffle: bool = True
     seed: int = 0
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat template variables
 
 
 @dataclass

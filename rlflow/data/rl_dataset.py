@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from rlflow.config import ConfigError
-from rlflow.data.chat import ChatTemplateError, check_chat_tokenizer, encode_prompt, pad_token_id
+from rlflow.data.chat import ChatTemplateError, check_chat_tokenizer, check_template_kwargs, encode_prompt, pad_token_id
 from rlflow.data.collate import object_array, pad_to_tensor, position_ids_from_mask
 from rlflow.data.files import read_rows, resolve_files
 from rlflow.data.rows import check_ground_truth, check_messages, check_optional_dict, check_string, row_error
@@ -55,6 +55,7 @@ class RLDataset:
         max_prompt_length: int = 64,
         truncation: str = "error",
         filter_overlong_prompts: bool = True,
+        apply_chat_template_kwargs: Optional[Mapping[str, Any]] = None,
     ):
         check_policy(truncation, RL_TRUNCATION_POLICIES)
         check_chat_tokenizer(tokenizer)
@@ -65,6 +66,7 @@ class RLDataset:
         self.max_prompt_length = max_prompt_length
         self.truncation = truncation
         self.filter_overlong_prompts = filter_overlong_prompts
+        self.template_kwargs = check_template_kwargs(apply_chat_template_kwargs or {}, "data.apply_chat_template_kwargs")
         self.pad_token_id = pad_token_id(tokenizer)
         self.files = resolve_files(files)
         self.num_dropped = 0
@@ -89,6 +91,7 @@ class RLDataset:
             max_prompt_length=data_config.max_prompt_length,
             truncation=data_config.truncation,
             filter_overlong_prompts=data_config.filter_overlong_prompts,
+            apply_chat_template_kwargs=data_config.apply_chat_template_kwargs,
         )
 
     def __len__(self) -> int:
@@ -107,7 +110,7 @@ class RLDataset:
         ground_truth = check_ground_truth(reward_model.get("ground_truth"), path, index, "reward_model.ground_truth")
         extra_info = check_optional_dict(row.get("extra_info"), path, index, "extra_info")
         try:
-            input_ids = encode_prompt(self.tokenizer, messages)
+            input_ids = encode_prompt(self.tokenizer, messages, self.template_kwargs)
         except ChatTemplateError as error:
             raise row_error(path, index, self.prompt_key, str(error)) from None
         keep = self._keep_slice(len(input_ids), path, index)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from rlflow.config import ConfigError
-from rlflow.data.chat import ChatTemplateError, check_chat_tokenizer, encode_conversation, pad_token_id
+from rlflow.data.chat import ChatTemplateError, check_chat_tokenizer, check_template_kwargs, encode_conversation, pad_token_id
 from rlflow.data.collate import pad_to_tensor, position_ids_from_mask
 from rlflow.data.files import read_rows, resolve_files
 from rlflow.data.rows import check_messages, check_string, describe, row_error
@@ -53,6 +53,7 @@ class SFTDataset:
         response_key: Optional[str] = None,
         max_length: int = 128,
         truncation: str = "error",
+        apply_chat_template_kwargs: Optional[Mapping[str, Any]] = None,
     ):
         check_policy(truncation, SFT_TRUNCATION_POLICIES)
         check_chat_tokenizer(tokenizer)
@@ -66,6 +67,7 @@ class SFTDataset:
         self.response_key = response_key
         self.max_length = max_length
         self.truncation = truncation
+        self.template_kwargs = check_template_kwargs(apply_chat_template_kwargs or {}, "data.apply_chat_template_kwargs")
         self.pad_token_id = pad_token_id(tokenizer)
         self.files = resolve_files(files)
         self.samples: list[SFTSample] = [s for path in self.files for s in read_rows(path, self._parse_row)]
@@ -87,6 +89,7 @@ class SFTDataset:
             response_key=data_config.response_key,
             max_length=data_config.max_length,
             truncation=data_config.truncation,
+            apply_chat_template_kwargs=data_config.apply_chat_template_kwargs,
         )
 
     def __len__(self) -> int:
@@ -112,7 +115,7 @@ class SFTDataset:
     def _parse_row(self, row: dict[str, Any], path: Path, index: int) -> SFTSample:
         field, messages = self._conversation(row, path, index)
         try:
-            input_ids, loss_mask = encode_conversation(self.tokenizer, messages)
+            input_ids, loss_mask = encode_conversation(self.tokenizer, messages, self.template_kwargs)
         except ChatTemplateError as error:
             raise row_error(path, index, field, str(error)) from None
         try:

@@ -23,6 +23,7 @@ and prints the summary table.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import math
 import sys
@@ -34,7 +35,9 @@ from rlflow.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
 REWARD_KEY = "critic/score/mean"
-VAL_KEY = "val/score/mean"
+# The val accuracy curve: verl's core mean over the N validation samples of each prompt
+# (``val-core/<data_source>/<reward or acc>/mean@N``), averaged over the run's data sources.
+VAL_CORE_MEAN = "val-core/*/mean@*"
 RESPONSE_LENGTH_KEY = "response_length/mean"
 # The KL shown on the curves, the first a run has: to the reference policy (runs with a KL loss or
 # a KL reward penalty), else the per-update KL between the rollout policy and the updated policy.
@@ -120,6 +123,17 @@ def series(records: Iterable[dict[str, Any]], key: str) -> tuple[list[int], list
     return steps, values
 
 
+def val_core_series(records: Iterable[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """(steps, values) of the val accuracy: the mean of a record's ``VAL_CORE_MEAN`` metrics, where it has any."""
+    steps, values = [], []
+    for record in records:
+        found = [v for k, v in record.items() if fnmatch.fnmatchcase(k, VAL_CORE_MEAN) and isinstance(v, (int, float))]
+        if found and all(math.isfinite(v) for v in found):
+            steps.append(record["step"])
+            values.append(sum(found) / len(found))
+    return steps, values
+
+
 def is_rl_run(records: Sequence[dict[str, Any]]) -> bool:
     """Whether the records come from an RL driver (they carry a train reward)."""
     return any(REWARD_KEY in record for record in records)
@@ -167,8 +181,8 @@ def plot_curves(records: Sequence[dict[str, Any]], out: str | Path, title: str =
 
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     top.plot(*series(records, REWARD_KEY), label="train reward (mean score)", color="tab:blue")
-    val_steps, val_values = series(records, VAL_KEY)
-    top.plot(val_steps, val_values, marker="o", label="val accuracy (greedy)", color="tab:green")
+    val_steps, val_values = val_core_series(records)
+    top.plot(val_steps, val_values, marker="o", label="val accuracy (val-core mean@N)", color="tab:green")
     top.set_ylabel("score / accuracy")
     top.set_ylim(-0.02, 1.02)
     top.grid(alpha=0.3)

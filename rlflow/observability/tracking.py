@@ -84,7 +84,7 @@ def register_tracker(name: str) -> Callable[[type[Tracker]], type[Tracker]]:
 KEY_METRICS: list[tuple[Optional[str], str]] = [
     ("reward", "critic/score/mean"),
     (None, "val-core/*"),
-    (None, "val/*"),
+    (None, "val/loss"),
     ("loss", "train/loss"),
     ("pg_loss", "actor/pg_loss"),
     ("vf_loss", "critic/vf_loss"),

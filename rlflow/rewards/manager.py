@@ -66,6 +66,11 @@ class RewardManager:
         Each score sits on the last token where ``response_mask`` is 1 (token 0 for an empty
         response); all other entries are 0.
         """
+        token_level_scores, metrics, _ = self.score_with_results(data)
+        return token_level_scores, metrics
+
+    def score_with_results(self, data: DataProto) -> tuple[torch.Tensor, dict[str, float], list[ScoreResult]]:
+        """What ``__call__`` returns plus each sample's ``ScoreResult`` (extras, ``pred``), in batch order."""
         responses, response_mask = data.batch["responses"], data.batch["response_mask"].bool()
         samples = self._samples(data, responses, response_mask)
         results = self._score(samples)
@@ -74,7 +79,7 @@ class RewardManager:
         last = torch.where(response_mask, positions, torch.zeros_like(positions)).max(dim=1).values
         token_level_scores = torch.zeros(responses.shape, dtype=torch.float32)
         token_level_scores[torch.arange(len(results)), last] = torch.tensor([r.score for r in results], dtype=torch.float32)
-        return token_level_scores, reward_metrics(samples, results)
+        return token_level_scores, reward_metrics(samples, results), results
 
     def _samples(self, data: DataProto, responses: torch.Tensor, response_mask: torch.Tensor) -> list[RewardInput]:
         texts = self.tokenizer.batch_decode(

@@ -3,7 +3,8 @@
 ``score_samples`` is what runs in-process and in every reward worker process, so parallel
 scoring gives exactly the serial results. A sample whose function raises, or returns
 something other than a finite number (or a dict whose ``score`` is one), gets ``error_score``
-and a description of what went wrong, for the caller to log.
+and a description of what went wrong, for the caller to log. A dict's other numbers are kept as
+extras, and its ``pred`` (the answer the function extracted) as a string.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ class RewardInput:
 
 @dataclass(frozen=True)
 class ScoreResult:
-    """A sample's score, the extra numbers its function reported, and the error if it failed (else None)."""
+    """A sample's score, the extra numbers its function reported, its extracted answer (``pred``, for
+    majority voting in validation; None when the function reports none) and the error if it failed (else None)."""
 
     score: float
     extras: dict[str, float] = field(default_factory=dict)
     error: Optional[str] = None
+    pred: Optional[str] = None
 
 
 def _as_float(value: Any) -> Optional[float]:
@@ -48,17 +51,19 @@ def _as_float(value: Any) -> Optional[float]:
 def to_result(value: Any, error_score: float) -> ScoreResult:
     """Check a reward function's return value and turn it into a ``ScoreResult``."""
     extras: dict[str, float] = {}
+    pred = None
     if isinstance(value, Mapping):
         if "score" not in value:
             return ScoreResult(error_score, error=f"returned a dict without a 'score' key (keys: {sorted(value)})")
-        extras = {k: v for k, v in ((k, _as_float(v)) for k, v in value.items() if k != "score") if v is not None}
+        extras = {k: v for k, v in ((k, _as_float(v)) for k, v in value.items() if k not in ("score", "pred")) if v is not None}
+        pred = None if value.get("pred") is None else str(value["pred"])
         value = value["score"]
     score = _as_float(value)
     if score is None:
         return ScoreResult(error_score, error=f"returned {type(value).__name__} {value!r:.80}, expected a float or dict(score=...)")
     if not math.isfinite(score):
         return ScoreResult(error_score, error=f"returned a non-finite score {score}")
-    return ScoreResult(score, extras)
+    return ScoreResult(score, extras, pred=pred)
 
 
 def score_one(fn: RewardFn, sample: RewardInput, error_score: float) -> ScoreResult:

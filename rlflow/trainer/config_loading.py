@@ -91,6 +91,8 @@ def _compose(config_name: str, overrides: Sequence[str], shorthands: dict[str, s
     from hydra import compose, initialize_config_dir
 
     from rlflow.trainer.entry import CONFIG_DIR, expand_group_shorthands
+    from rlflow.trainer.verl_overrides import check_verl_overrides
 
+    check_verl_overrides(config_name, overrides)
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         return compose(config_name, expand_group_shorthands(list(overrides), shorthands))

@@ -10,6 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 from rlflow.errors import UserError
+from rlflow.trainer.verl_overrides import check_verl_overrides
 from rlflow.utils.device import limit_cpu_threads
 
 # The YAMLs ship inside the package (package data), so a wheel or non-editable install finds them too.
@@ -77,10 +78,17 @@ def run_hydra_entry(
 ) -> None:
     """Parse the command line with Hydra, then call ``run(cfg)``; ``UserError`` exits 2 with one line.
 
+    A key in verl's spelling stops it first, with the line naming rlflow's key (``verl_overrides``).
+
     The controller itself runs one torch thread: it only moves batches and does cheap batch math,
     and a second thread on a loaded small machine made its tensor work many times slower.
     """
     limit_cpu_threads(1)
+    try:
+        check_verl_overrides(config_name, sys.argv[1:])
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     sys.argv = [sys.argv[0], *expand_group_shorthands(sys.argv[1:], group_mounts or {})]
 
     @hydra.main(config_path=CONFIG_DIR, config_name=config_name, version_base=None)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from typing import Any, Sequence
 
-import numpy as np
 import torch
 
 from rlflow.algos import masked_mean
+from rlflow.observability.val_metrics import PRED, named_validation_metrics, source_metrics
 from rlflow.protocol import DataProto
+from rlflow.rewards.scoring import ScoreResult
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -57,13 +58,20 @@ def throughput_metrics(batch: DataProto, timings: dict[str, float], world_size: 
     }
 
 
-def validation_metrics(batch: DataProto) -> dict[str, float]:
-    """``val/score/mean`` over all prompts, ``val/<data_source>/score/mean`` per source, response length."""
-    scores = batch.batch["token_level_scores"].sum(-1).tolist()
-    by_source: dict[str, list[float]] = defaultdict(list)
-    for source, score in zip(batch.non_tensor_batch["data_source"].tolist(), scores):
-        by_source[source].append(score)
-    metrics = {f"val/{source}/score/mean": float(np.mean(values)) for source, values in by_source.items()}
-    metrics["val/score/mean"] = float(np.mean(scores))
-    metrics["val/response_length/mean"] = float(batch.batch["response_mask"].sum(-1).float().mean())
+def validation_metrics(batch: DataProto, results: Sequence[ScoreResult]) -> dict[str, float]:
+    """verl's ``val-core/<data_source>/reward/mean@N`` family (``rlflow.observability.val_metrics``) for a
+    scored validation batch, plus ``val-aux/response_length/mean``.
+
+    ``results`` are the batch's per-sample reward results: their score is the ``reward`` variable,
+    each extra number that every sample reported (a failed sample reports none) one more variable,
+    their ``pred`` the answer majority votes count.
+    """
+    infos: dict[str, list[Any]] = {"reward": batch.batch["token_level_scores"].sum(-1).tolist()}
+    for key in sorted(set.intersection(*(set(result.extras) for result in results)) if results else ()):
+        infos[key] = [result.extras[key] for result in results]
+    if any(result.pred is not None for result in results):
+        infos[PRED] = [result.pred for result in results]
+    by_source = source_metrics(batch.non_tensor_batch["data_source"].tolist(), batch.non_tensor_batch["uid"].tolist(), infos)
+    metrics = named_validation_metrics(by_source)
+    metrics["val-aux/response_length/mean"] = float(batch.batch["response_mask"].sum(-1).float().mean())
     return metrics

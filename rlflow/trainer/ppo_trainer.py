@@ -268,16 +268,17 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
-        """Generate with ``rollout.val_kwargs`` on the val files and report the mean score per data_source."""
+        """Generate with ``rollout.val_kwargs`` on the val files; verl's ``val-core/<data_source>/...`` metrics."""
         start = time.perf_counter()
-        outputs = []
+        outputs, results = [], []
         for prompts in self.val_loader:
             prompts.meta_info.update(validate=True, global_step=0)
             generated = self.roles.rollout.generate_sequences(prompts)
             generated.meta_info.pop("metrics", None)
-            generated.batch["token_level_scores"] = self.reward_manager(generated)[0]
+            generated.batch["token_level_scores"], _, batch_results = self.reward_manager.score_with_results(generated)
             outputs.append(generated)
-        metrics = validation_metrics(DataProto.concat(outputs))
+            results.extend(batch_results)
+        metrics = validation_metrics(DataProto.concat(outputs), results)
         metrics["timing_s/validate"] = time.perf_counter() - start
         return metrics
 

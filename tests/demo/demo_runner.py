@@ -15,6 +15,8 @@ DEMO_SCRIPT = REPO / "recipes" / "demo.sh"
 # and fewer GRPO steps than `make demo`. docs/demo.md has the numbers behind these choices.
 KNOBS = {"DEMO_SEED": "0", "DEMO_SFT_STEPS": "200", "DEMO_STEPS": "20"}
 RUN_TIMEOUT_S = 1500
+# The GRPO run's greedy val accuracy on the demo task (verl's name: data_source synthetic/chain_arith, 1 sample).
+VAL_ACCURACY = "val-core/synthetic/chain_arith/reward/mean@1"
 
 
 @dataclass(frozen=True)

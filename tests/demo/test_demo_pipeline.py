@@ -12,7 +12,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 import torch
-from demo_runner import run_demo_script
+from demo_runner import VAL_ACCURACY, run_demo_script
 
 MODELS = ("before_sft", "after_sft", "after_grpo")
 # HF generate (the report's evaluation of the exported folder) and vLLM (the driver's validation
@@ -41,7 +41,7 @@ def test_metrics_jsonl_has_every_step(demo):
         for key in ("critic/score/mean", "actor/pg_loss", "actor/entropy", "actor/ref_kl", "response_length/mean", "timing_s/gen",
                     "timing_s/update_actor", "perf/gen_tokens_per_s"):
             assert key in record, (record["step"], key)
-    val_steps = [r["step"] for r in grpo if "val/score/mean" in r]
+    val_steps = [r["step"] for r in grpo if VAL_ACCURACY in r]
     assert val_steps == list(range(0, demo.grpo_steps + 1, 5)), val_steps
     sft = demo.metrics("sft")
     assert [r["step"] for r in sft] == list(range(0, demo.sft_steps + 1))
@@ -63,9 +63,9 @@ def test_hf_exports_load_in_transformers_and_match_the_driver(demo):
 
     # The report evaluated the exported folder with HF generate; the driver validated the live actor with vLLM.
     summary = json.loads((demo.out / "summary.json").read_text())
-    final_val = demo.metrics("grpo")[-1]["val/score/mean"]
+    final_val = demo.metrics("grpo")[-1][VAL_ACCURACY]
     assert abs(summary["accuracy"]["after_grpo"] - final_val) <= MAX_DECODER_DISAGREEMENT + 1e-9
-    assert abs(summary["accuracy"]["after_sft"] - demo.metrics("grpo")[0]["val/score/mean"]) <= MAX_DECODER_DISAGREEMENT + 1e-9
+    assert abs(summary["accuracy"]["after_sft"] - demo.metrics("grpo")[0][VAL_ACCURACY]) <= MAX_DECODER_DISAGREEMENT + 1e-9
 
 
 def test_summary_samples_and_wandb(demo):

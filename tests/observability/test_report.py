@@ -17,6 +17,7 @@ from rlflow.observability.report import (
     read_phase_times,
     samples_markdown,
     token_rate,
+    val_core_series,
 )
 
 
@@ -27,12 +28,12 @@ def write_run(folder: Path, records: list[dict]) -> Path:
 
 
 def rl_records(steps: int = 4) -> list[dict]:
-    records = [{"step": 0, "val/score/mean": 0.25}]
+    records = [{"step": 0, "val-core/synthetic/addition/reward/mean@1": 0.25}]
     for step in range(1, steps + 1):
         records.append({"step": step, "critic/score/mean": 0.1 * step, "response_length/mean": 20.0 + step,
                         "actor/ref_kl": 0.01 * step, "actor/ppo_kl": 0.0, "rollout/generated_tokens": 1000.0 * step,
                         "timing_s/gen": 2.0, "perf/total_num_tokens": 3000.0, "timing_s/update_actor": 1.5})
-    records.append({"step": steps, "val/score/mean": 0.5})
+    records.append({"step": steps, "val-core/synthetic/addition/reward/mean@1": 0.5})
     return records
 
 
@@ -42,6 +43,15 @@ def test_token_rates_are_total_tokens_over_total_seconds():
     assert rollout == pytest.approx((1000 + 2000 + 3000 + 4000) / (4 * 2.0))
     assert train == pytest.approx(4 * 3000 / (4 * 1.5))
     assert token_rate([{"step": 1}], RL_RATES[0]) is None
+
+
+def test_val_curve_is_the_core_mean_over_data_sources():
+    records = [{"step": 0, "val-core/a/reward/mean@1": 0.2, "val-core/b/acc/mean@1": 0.6, "val-aux/a/reward/std@1": 9.0},
+               {"step": 2, "val-core/a/reward/mean@4": 0.5, "val-core/a/reward/best@4/mean": 0.9,
+                "val-core/a/reward/maj@4/mean": 0.7},
+               {"step": 3, "critic/score/mean": 0.1}]
+    steps, values = val_core_series(records)
+    assert steps == [0, 2] and values == pytest.approx([0.4, 0.5])
 
 
 def test_report_writes_curves_and_a_summary_of_every_phase(tmp_path):

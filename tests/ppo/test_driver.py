@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, base_overrides, comparable, read_jsonl, run_main_ppo
+from conftest import DIGIT_REWARD, REPO, base_overrides, comparable, read_jsonl, run_main_ppo
 
 
 def resume_overrides(model: Path, data: Path, run_dir: Path) -> list[str]:
@@ -56,7 +56,7 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tiny_model, addit
     assert not any(k.startswith("reward/source/") for r in records.values() for k in r), "rule rewards ran with the reward model on"
     assert all(r["reward/error_count"] == 0 and r["reward/error_fraction"] == 0 for r in records.values())  # all finite
     assert all("actor/kl_loss" in r and "actor/ref_kl" in r for r in records.values())
-    assert "val/score/mean" in records[2] and "val/score/mean" in records[4]
+    assert all("val-core/synthetic/addition/reward/mean@1" in records[step] for step in (2, 4))
     assert list((straight_dir / "wandb").glob("offline-run-*")), "wandb offline wrote no run directory"
     assert (straight_dir / "hf" / "model.safetensors").is_file()
 
@@ -72,7 +72,11 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tiny_model, addit
 
 @pytest.mark.timeout(600)
 def test_ppo_with_critic_runs_split_and_value_loss_falls(tiny_model, addition_data, tmp_path):
-    """GAE + critic with a pool per role: actor, rollout (weights through the object store) and critic."""
+    """GAE + critic with a pool per role: actor, rollout (weights through the object store) and critic.
+
+    The final validation samples 2 responses per prompt and the reward reports an answer, so verl's
+    best@N / worst@N / maj@N metrics are computed from a real run.
+    """
     overrides = base_overrides(tiny_model, addition_data, tmp_path) + [
         "algorithm=ppo",
         "trainer.placement=split",
@@ -80,6 +84,10 @@ def test_ppo_with_critic_runs_split_and_value_loss_falls(tiny_model, addition_da
         "trainer.total_training_steps=4",
         "critic.ppo_mini_batch_size=2",
         "critic.engine.optimizer.lr=3e-3",
+        f"reward.custom_function={DIGIT_REWARD}:digit_share_and_answer",
+        "rollout.val_kwargs.n=2",
+        "rollout.val_kwargs.do_sample=true",
+        "rollout.val_kwargs.temperature=1.0",
     ]
     result = run_main_ppo(overrides)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -89,4 +97,12 @@ def test_ppo_with_critic_runs_split_and_value_loss_falls(tiny_model, addition_da
     assert vf_loss[-1] < vf_loss[0], vf_loss
     assert all("critic/values/mean" in r for r in records)
     assert all(r["weight_sync/mb"] > 0 for r in records)
+    val = {k.removeprefix("val-core/synthetic/addition/reward/"): v for k, v in records[-1].items()
+           if k.startswith("val-core/")}
+    assert set(val) == {"mean@2", "best@2/mean", "best@2/std", "maj@2/mean", "maj@2/std"}, records[-1].keys()
+    aux = {k.removeprefix("val-aux/synthetic/addition/reward/"): v for k, v in records[-1].items() if k.startswith("val-aux/")}
+    assert {"std@2", "worst@2/mean", "worst@2/std"} <= set(aux)
+    assert aux["worst@2/mean"] <= val["mean@2"] <= val["best@2/mean"]
+    assert aux["worst@2/mean"] < val["best@2/mean"], "two sampled responses never differed: the test has no teeth"
+    assert not any(k.startswith("val-core/") for r in records[:-1] for k in r)
 

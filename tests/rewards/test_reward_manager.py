@@ -163,3 +163,18 @@ def test_bad_custom_function_spec_is_a_config_error(spec, match):
     with pytest.raises(ConfigError, match=match) as info:
         load_custom_function(spec)
     assert "reward.custom_function" in str(info.value)
+
+
+def answer_and_acc(data_source, solution_str, ground_truth, extra_info=None):
+    """A reward reporting its extracted answer (``pred``) and an ``acc`` next to the score."""
+    answer = solution_str.split("####")[-1].strip() if "####" in solution_str else None
+    return {"score": float(answer == ground_truth), "pred": answer, "acc": answer == ground_truth}
+
+
+def test_results_carry_each_samples_answer_and_extras(tokenizer):
+    rows = [("synthetic/addition", "#### 42", "42"), ("synthetic/addition", "no answer", "42")]
+    with RewardManager(tokenizer, RewardConfig(custom_function=f"{__name__}:answer_and_acc")) as manager:
+        scores, metrics, results = manager.score_with_results(make_batch(tokenizer, rows))
+    assert [r.pred for r in results] == ["42", None]
+    assert [r.extras for r in results] == [{"acc": 1.0}, {"acc": 0.0}]  # pred is an answer, not a number to average
+    assert scores.sum(-1).tolist() == [1.0, 0.0] and metrics["reward/extra/acc/mean"] == 0.5

@@ -1,0 +1,119 @@
+"""verl's config keys in rlflow: the translation table (``verl_key_table``), its lookup, and its markdown.
+
+``verl_key_message(entry, key)`` is the one-line error for a command-line key that is verl's name
+(``actor_rollout_ref.actor.optim.lr``): it names rlflow's key, or says rlflow has none and why.
+docs/from_verl.md shows the same table; ``python -m rlflow.config.verl_keys`` prints it, and a
+test checks the two agree.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from rlflow.config.verl_key_table import (
+    FSDP_ROWS,
+    OPTIM_ROWS,
+    PPO_ENGINE_MOUNTS,
+    PPO_SECTIONS,
+    RLFLOW_ONLY_ENGINE_KEYS,
+    RUN_ROWS,
+    SFT_ENGINE_MOUNTS,
+    SFT_SECTIONS,
+    EngineMount,
+    Row,
+    engine_rows,
+)
+
+GUIDE = "docs/from_verl.md"
+# Each entry point's config name -> its table: (section title, rows) and its engine mounts.
+TABLES: dict[str, tuple[list[tuple[str, list[Row]]], list[EngineMount]]] = {
+    "ppo_trainer": (PPO_SECTIONS, PPO_ENGINE_MOUNTS),
+    "sft_trainer": (SFT_SECTIONS, SFT_ENGINE_MOUNTS),
+}
+# Top-level verl sections rlflow does not have, with where their keys went.
+VERL_ONLY_SECTIONS: dict[str, dict[str, str]] = {
+    "ppo_trainer": {
+        "actor_rollout_ref": "rlflow splits it into model.*, actor.*, ref.* and rollout.*, each role's engine under <role>.engine",
+        "custom_reward_function": "rlflow's is reward.custom_function=path.py:fn",
+        "reward_model": "rlflow's is reward.reward_model.*",
+        "reward_manager": "rlflow has one reward manager (reward.*)",
+    },
+    "sft_trainer": {
+        "optim": "rlflow's optimizer and schedule are engine.optimizer.* and engine.lr_scheduler.*",
+    },
+}
+
+
+def rows(entry: str) -> list[Row]:
+    """Every row of ``entry``'s table (``ppo_trainer`` or ``sft_trainer``), the engine rows of each mount
+    included; an rlflow-only row is left out when another row maps a verl key to the same rlflow key."""
+    sections, mounts = TABLES[entry]
+    every = [row for _, section in sections for row in section] + RUN_ROWS
+    every += [row for mount in mounts for row in engine_rows(mount)]
+    mapped = {ours for verl, ours, _ in every if verl is not None}
+    return list(dict.fromkeys(row for row in every if row[0] is not None or row[1] not in mapped))
+
+
+def verl_key_message(entry: str, key: str) -> Optional[str]:
+    """The error for ``key`` when it is verl's name and not rlflow's; None when it is not a verl-only name.
+
+    The caller decides whether ``key`` is also an rlflow key (then there is nothing to say).
+    """
+    for verl, ours, note in rows(entry):
+        if verl == key and ours != key:
+            if ours is None:
+                why = f": {note}" if note else ""
+                return f"unknown key '{key}': this is verl's name; rlflow has no equivalent{why} ({GUIDE})"
+            return f"unknown key '{key}': this is verl's name; rlflow's is '{ours}' ({GUIDE})"
+    section = key.split(".")[0]
+    where = VERL_ONLY_SECTIONS[entry].get(section)
+    if where is not None:
+        return f"unknown key '{key}': '{section}' is verl's layout; {where} ({GUIDE})"
+    return None
+
+
+def _cell(value: Optional[str]) -> str:
+    return f"`{value}`" if value else "-"
+
+
+def _escape(note: str) -> str:
+    return note.replace("|", "\\|")
+
+
+def _table(table_rows: list[Row]) -> list[str]:
+    return (["| verl key | rlflow key | notes |", "|---|---|---|"]
+            + [f"| {_cell(verl)} | {_cell(ours)} | {_escape(note)} |" for verl, ours, note in table_rows] + [""])
+
+
+def _mounts_markdown(mounts: list[EngineMount]) -> list[str]:
+    lines = ["| rlflow `<engine>` | verl `<optim>` | verl `<fsdp_config>` |", "|---|---|---|"]
+    return lines + [f"| `{node}` | {_cell(optim.rstrip('.')) if optim else '- (no optimizer: the optimizer keys are unused)'} "
+                    f"| {_cell(fsdp.rstrip('.') if fsdp else None)} |" for node, optim, fsdp in mounts] + [""]
+
+
+def _engine_markdown() -> list[str]:
+    """The engine keys once, with ``<optim>``, ``<fsdp_config>`` and ``<engine>`` standing for each mount's prefixes."""
+    generic = [(f"<optim>.{verl}" if verl else None, f"<engine>.{ours}" if ours else None, note) for verl, ours, note in OPTIM_ROWS]
+    generic += [(f"<fsdp_config>.{verl}" if verl else None, f"<engine>.{ours}" if ours else None, note) for verl, ours, note in FSDP_ROWS]
+    generic += [(None, f"<engine>.{ours}", note) for ours, note in RLFLOW_ONLY_ENGINE_KEYS]
+    return _table(generic)
+
+
+def render_markdown() -> str:
+    """Both entry points' tables as markdown, the way docs/from_verl.md holds them."""
+    lines = []
+    for entry, title in (("ppo_trainer", "main_ppo (configs/ppo_trainer.yaml)"), ("sft_trainer", "main_sft (configs/sft_trainer.yaml)")):
+        sections, _ = TABLES[entry]
+        kept = set(rows(entry))
+        lines += [f"### {title}", ""]
+        for section, section_rows in sections:
+            lines += [f"#### {section}", ""] + _table([row for row in dict.fromkeys(section_rows) if row in kept])
+    lines += ["### trainer keys of both entry points", ""] + _table(RUN_ROWS)
+    lines += ["### engine keys", "", "The same keys under every engine mount; `<engine>`, `<optim>` and `<fsdp_config>` stand for",
+              "these prefixes:", ""]
+    lines += _mounts_markdown(PPO_ENGINE_MOUNTS + SFT_ENGINE_MOUNTS) + _engine_markdown()
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render_markdown(), end="")

@@ -1,0 +1,96 @@
+"""The verl -> rlflow key table: it covers every key in configs/, names only real rlflow keys, agrees
+with docs/from_verl.md, and a verl key on the command line is one line naming rlflow's, exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlflow.config import ConfigError
+from rlflow.config.verl_keys import render_markdown, rows
+from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
+from rlflow.trainer.verl_overrides import is_rlflow_key, override_key
+
+REPO = Path(__file__).resolve().parents[2]
+GUIDE = REPO / "docs" / "from_verl.md"
+BEGIN, END = "<!-- verl-keys:begin (python -m rlflow.config.verl_keys) -->", "<!-- verl-keys:end -->"
+ENTRIES = ("ppo_trainer", "sft_trainer")
+
+
+def leaves(node: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            keys |= leaves(value, f"{prefix}{key}.")
+        else:
+            keys.add(f"{prefix}{key}")
+    return keys
+
+
+def config_keys(entry: str) -> set[str]:
+    """Every leaf key of the entry's composed config, with each built-in engine picked once."""
+    if entry == "sft_trainer":
+        configs = [compose_sft_config([]), compose_sft_config(["engine=fsdp"])]
+    else:
+        configs = [compose_ppo_config([]), compose_ppo_config([f"{m}=fsdp" for m in
+                                                               ("actor.engine", "critic.engine", "ref.engine", "reward.reward_model.engine")])]
+    return set().union(*(leaves(OmegaConf.to_container(config)) for config in configs))
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_every_key_in_configs_has_a_row(entry):
+    covered = {ours for _, ours, _ in rows(entry) if ours is not None}
+    missing = sorted(config_keys(entry) - covered)
+    assert not missing, f"add rows to rlflow/config/verl_key_table.py for: {missing}"
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_every_rlflow_key_named_exists_and_every_renamed_verl_key_does_not(entry):
+    named = {ours for _, ours, _ in rows(entry) if ours is not None}
+    assert [key for key in sorted(named) if not is_rlflow_key(entry, key)] == []
+    renamed = {verl for verl, ours, _ in rows(entry) if verl is not None and verl != ours}
+    assert [key for key in sorted(renamed) if is_rlflow_key(entry, key)] == [], "rlflow now has these verl names: fix their rows"
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_verl_key_maps_to_one_rlflow_key(entry):
+    targets: dict[str, set] = {}
+    for verl, ours, _ in rows(entry):
+        if verl is not None:
+            targets.setdefault(verl, set()).add(ours)
+    assert {verl: ours for verl, ours in targets.items() if len(ours) > 1} == {}
+
+
+def test_the_guide_holds_the_table():
+    text = GUIDE.read_text()
+    assert BEGIN in text and END in text
+    block = text.split(BEGIN)[1].split(END)[0]
+    assert block.strip() == render_markdown().strip(), "regenerate docs/from_verl.md's table: python -m rlflow.config.verl_keys"
+
+
+def test_override_keys():
+    assert override_key("+a.b=1") == "a.b" and override_key("++a.b=1") == "a.b" and override_key("~a.b") == "a.b"
+    assert override_key("--cfg") is None and override_key("engine@actor.engine=fsdp") is None
+
+
+def test_in_process_compose_refuses_a_verl_key_and_keeps_shared_names():
+    with pytest.raises(ConfigError, match=r"^unknown key 'critic\.optim\.lr': this is verl's name; rlflow's is "
+                                          r"'critic\.engine\.optimizer\.lr' \(docs/from_verl\.md\)$"):
+        compose_ppo_config(["critic.optim.lr=1e-5"])
+    with pytest.raises(ConfigError, match=r"^unknown key 'optim\.lr': this is verl's name; rlflow's is 'engine\.optimizer\.lr'"):
+        compose_sft_config(["+optim.lr=1e-5"])
+    with pytest.raises(ConfigError, match=r"^unknown key 'data\.multiturn\.enable': this is verl's name; rlflow has no equivalent: "):
+        compose_sft_config(["data.multiturn.enable=true"])
+    assert compose_ppo_config(["data.train_batch_size=8", "critic.ppo_epochs=2"]).data.train_batch_size == 8
+
+
+def test_cli_names_the_rlflow_key_in_one_line_before_ray(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "rlflow.trainer.main_ppo", "actor_rollout_ref.actor.optim.lr=1e-6"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    expected = ("error: unknown key 'actor_rollout_ref.actor.optim.lr': this is verl's name; "
+                "rlflow's is 'actor.engine.optimizer.lr' (docs/from_verl.md)")
+    assert (result.returncode, result.stderr.strip(), result.stdout) == (2, expected, "")
