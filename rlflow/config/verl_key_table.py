@@ -1,4 +1,4 @@
-"""The data of the verl -> rlflow key translation (``rlflow.config.verl_keys`` reads it; docs/from_verl.md shows it).
+"""The data of the verl -> rlflow key translation (``rlflow.config.verl_keys`` reads it; docs/from_verl_keys.md shows it).
 
 A row is ``(verl key or None, rlflow key or None, note)``: None on the verl side is an rlflow key
 verl has no name for, None on the rlflow side a verl key rlflow has no equivalent for (the note
@@ -172,7 +172,7 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         ("critic.loss_agg_mode", "critic.loss_agg_mode", ""),
         ("trainer.critic_warmup", "critic.warmup_steps", ""),
         ("critic.enable", None, "a critic runs exactly when the advantage estimator needs values (gae)"),
-        ("critic.model.path", None, "the critic starts from model.path"),
+        ("critic.model.path", "critic.model.path", "null: the actor's model.path"),
         ("critic.model.tokenizer_path", "model.tokenizer_path", "one tokenizer for the run"),
         ("critic.model.enable_gradient_checkpointing", "critic.engine.gradient_checkpointing", ""),
         ("critic.model.use_remove_padding", "critic.engine.use_remove_padding", ""),
@@ -240,6 +240,8 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (None, "reward.error_score", "score of a sample whose reward function failed"),
         (None, "reward.max_error_fraction", "stop the run when more of a batch failed"),
         ("reward_model.enable", "reward.reward_model.enable", ""),
+        (None, "reward.combine", "replace: the reward model's score alone (verl's behaviour); add: rule reward + it"),
+        (None, "reward.rm_weight", "the reward model score's weight"),
         ("reward_model.model.path", "reward.reward_model.path", ""),
         ("reward_model.strategy", "reward.reward_model.engine.name", ""),
         ("reward_model.micro_batch_size_per_gpu", "reward.reward_model.engine.micro_batch_size", ""),

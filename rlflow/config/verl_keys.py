@@ -2,7 +2,7 @@
 
 ``verl_key_message(entry, key)`` is the one-line error for a command-line key that is verl's name
 (``actor_rollout_ref.actor.optim.lr``): it names rlflow's key, or says rlflow has none and why.
-docs/from_verl.md shows the same table; ``python -m rlflow.config.verl_keys`` prints it, and a
+docs/from_verl_keys.md shows the same table; ``python -m rlflow.config.verl_keys`` prints it, and a
 test checks the two agree.
 """
 
@@ -24,7 +24,7 @@ from rlflow.config.verl_key_table import (
     engine_rows,
 )
 
-GUIDE = "docs/from_verl.md"
+GUIDE = "docs/from_verl_keys.md"
 # Each entry point's config name -> its table: (section title, rows) and its engine mounts.
 TABLES: dict[str, tuple[list[tuple[str, list[Row]]], list[EngineMount]]] = {
     "ppo_trainer": (PPO_SECTIONS, PPO_ENGINE_MOUNTS),
@@ -100,9 +100,9 @@ def _engine_markdown() -> list[str]:
 
 
 def render_markdown() -> str:
-    """Both entry points' tables as markdown, the way docs/from_verl.md holds them."""
+    """Both entry points' tables as markdown, the way docs/from_verl_keys.md holds them."""
     lines = []
-    for entry, title in (("ppo_trainer", "main_ppo (configs/ppo_trainer.yaml)"), ("sft_trainer", "main_sft (configs/sft_trainer.yaml)")):
+    for entry, title in (("ppo_trainer", "main_ppo (rlflow/configs/ppo_trainer.yaml)"), ("sft_trainer", "main_sft (rlflow/configs/sft_trainer.yaml)")):
         sections, _ = TABLES[entry]
         kept = set(rows(entry))
         lines += [f"### {title}", ""]

@@ -1,5 +1,5 @@
 """The verl -> rlflow key table: it covers every key in configs/, names only real rlflow keys, agrees
-with docs/from_verl.md, and a verl key on the command line is one line naming rlflow's, exit 2."""
+with docs/from_verl_keys.md, and a verl key on the command line is one line naming rlflow's, exit 2."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
 from rlflow.trainer.verl_overrides import is_rlflow_key, override_key
 
 REPO = Path(__file__).resolve().parents[2]
-GUIDE = REPO / "docs" / "from_verl.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "from_verl_keys.md"
 BEGIN, END = "<!-- verl-keys:begin (python -m rlflow.config.verl_keys) -->", "<!-- verl-keys:end -->"
 ENTRIES = ("ppo_trainer", "sft_trainer")
 
@@ -69,7 +69,7 @@ def test_the_guide_holds_the_table():
     text = GUIDE.read_text()
     assert BEGIN in text and END in text
     block = text.split(BEGIN)[1].split(END)[0]
-    assert block.strip() == render_markdown().strip(), "regenerate docs/from_verl.md's table: python -m rlflow.config.verl_keys"
+    assert block.strip() == render_markdown().strip(), "regenerate docs/from_verl_keys.md: python -m rlflow.config.verl_keys"
 
 
 def test_override_keys():
@@ -79,7 +79,7 @@ def test_override_keys():
 
 def test_in_process_compose_refuses_a_verl_key_and_keeps_shared_names():
     with pytest.raises(ConfigError, match=r"^unknown key 'critic\.optim\.lr': this is verl's name; rlflow's is "
-                                          r"'critic\.engine\.optimizer\.lr' \(docs/from_verl\.md\)$"):
+                                          r"'critic\.engine\.optimizer\.lr' \(docs/from_verl_keys\.md\)$"):
         compose_ppo_config(["critic.optim.lr=1e-5"])
     with pytest.raises(ConfigError, match=r"^unknown key 'optim\.lr': this is verl's name; rlflow's is 'engine\.optimizer\.lr'"):
         compose_sft_config(["+optim.lr=1e-5"])
@@ -92,5 +92,5 @@ def test_cli_names_the_rlflow_key_in_one_line_before_ray(tmp_path):
     result = subprocess.run([sys.executable, "-m", "rlflow.trainer.main_ppo", "actor_rollout_ref.actor.optim.lr=1e-6"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
     expected = ("error: unknown key 'actor_rollout_ref.actor.optim.lr': this is verl's name; "
-                "rlflow's is 'actor.engine.optimizer.lr' (docs/from_verl.md)")
+                "rlflow's is 'actor.engine.optimizer.lr' (docs/from_verl_keys.md)")
     assert (result.returncode, result.stderr.strip(), result.stdout) == (2, expected, "")
