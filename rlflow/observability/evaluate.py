@@ -37,15 +37,24 @@ from rlflow.rewards import RewardInput, get_reward_fn, score_one
 from rlflow.rollout import build_rollout, rollout_names
 
 AUTO_BACKEND = "auto"
+BACKEND_PACKAGES = {"vllm": "vllm"}  # backend -> the package it imports; the others need only rlflow's own
 GREEDY = {"n": 1, "do_sample": False, "temperature": 0.0, "seed": None}
+
+
+def _installed(backend: str) -> bool:
+    package = BACKEND_PACKAGES.get(backend)
+    return package is None or importlib.util.find_spec(package) is not None
 
 
 def resolve_backend(backend: str) -> str:
     """The rollout backend ``backend`` names; ``auto`` is ``vllm`` when the package is installed, else ``hf``."""
     if backend == AUTO_BACKEND:
-        return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+        return "vllm" if _installed("vllm") else "hf"
     if backend not in rollout_names():
         raise UserError(f"--backend {backend!r}: choose one of {[AUTO_BACKEND, *rollout_names()]}")
+    if not _installed(backend):
+        raise UserError(f"--backend {backend}: the {BACKEND_PACKAGES[backend]!r} package is not installed; "
+                        "install it, or choose --backend hf")
     return backend
 
 
@@ -143,7 +152,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N prompts")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    parser.add_argument("--responses", default=None, metavar="FILE", help="also write every response to this JSONL file")
+    parser.add_argument("--responses", default=None, metavar="FILE",
+                        help="also write every response to this JSONL file")
     args = parser.parse_args(argv)
     try:
         result = evaluate_greedy_accuracy(args.model, args.data, args.max_new_tokens, args.batch_size, args.limit,

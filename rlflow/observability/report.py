@@ -291,7 +291,8 @@ def build_report(out: str | Path, runs: dict[str, Path], models: dict[str, Path]
     phases += [summarize_run(name, records, None) for name, records in run_records.items() if name not in phase_times]
     table = summary_markdown(accuracy, num_prompts, phases, eval_backend)
     (out / "summary.md").write_text("# Run summary\n\n" + table)
-    summary.update(accuracy=accuracy, num_prompts=num_prompts, eval_backend=eval_backend, phases=[asdict(phase) for phase in phases], table=table)
+    summary.update(accuracy=accuracy, num_prompts=num_prompts, eval_backend=eval_backend,
+                   phases=[asdict(phase) for phase in phases], table=table)
     summary["files"]["summary"] = str(out / "summary.md")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -47,7 +47,7 @@ def test_vllm_evaluation_gives_the_hf_accuracy(demo, tmp_path):
     hf_accuracy, hf_count, hf_responses = run_eval(model, data, "hf", tmp_path / "hf.jsonl")
 
     assert vllm_count == hf_count == len(vllm_responses) == len(hf_responses) == 256
-    assert ACCURACY_BAND[0] <= hf_accuracy <= ACCURACY_BAND[1], f"HF accuracy {hf_accuracy:.3f} is outside {ACCURACY_BAND}"
+    assert ACCURACY_BAND[0] <= hf_accuracy <= ACCURACY_BAND[1], f"HF accuracy {hf_accuracy:.3f} outside {ACCURACY_BAND}"
     assert abs(vllm_accuracy - hf_accuracy) <= MAX_ACCURACY_GAP + 1e-9, (vllm_accuracy, hf_accuracy)
     same = sum(a == b for a, b in zip(vllm_responses, hf_responses))
     assert same >= MIN_SAME_RESPONSES * len(hf_responses), f"only {same}/{len(hf_responses)} responses agree"

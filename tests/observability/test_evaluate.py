@@ -18,7 +18,8 @@ def test_auto_takes_vllm_when_it_is_installed_and_hf_otherwise(monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "vllm" else real_find_spec(name))
     assert evaluate.resolve_backend("auto") == "hf"
-    assert evaluate.resolve_backend("vllm") == "vllm", "an explicit choice is kept (building the engine then fails)"
+    with pytest.raises(UserError, match="--backend vllm: the 'vllm' package is not installed; .* --backend hf"):
+        evaluate.resolve_backend("vllm")
 
 
 def test_an_unknown_backend_is_a_user_error_naming_the_choices(capsys):
