@@ -1,55 +1,86 @@
 """Greedy accuracy of a model folder on RL-format prompts, scored by the reward registry.
 
-``evaluate_greedy_accuracy(model_path, val_files)`` decodes every prompt greedily with HF
-``generate`` and scores the response with the reward function of the row's ``data_source``
+``evaluate_greedy_accuracy(model_path, val_files)`` decodes every prompt greedily with one of
+rlflow's rollout backends (``rlflow.rollout``: ``vllm``, the in-process vLLM engine, or ``hf``,
+HF ``generate``) and scores the response with the reward function of the row's ``data_source``
 (``rlflow.rewards``); a sample counts as correct when its score is at least ``correct_threshold``.
 It is the "accuracy before/after" measure for SFT and RL on the synthetic tasks.
 
-Command line::
+Both backends get the same prompts (``RLDataset``: the chat template and tokenisation of
+training), the same greedy sampling and ``max_new_tokens``, and the same response cut (at EOS),
+so they differ only in the decoder's arithmetic: a near-tie between two tokens may decode
+differently. ``backend="auto"`` (the default) takes vLLM when it is installed, else HF.
 
-    python -m rlflow.observability.evaluate --model outputs/checkpoints/rlflow/sft_tiny/hf \\
-        --data outputs/data/addition/val.parquet [--max-new-tokens 32] [--batch-size 64] [--limit N]
+Command line (``rlflow-eval`` is the same command)::
+
+    python -m rlflow.observability.evaluate --model outputs/demo/sft/hf \\
+        --data outputs/demo/data/val.parquet [--backend auto|vllm|hf] [--max-new-tokens 32] \\
+        [--batch-size 64] [--limit N] [--responses FILE.jsonl]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-import torch
-
+from rlflow.config.schema import RolloutConfig
 from rlflow.data.rl_dataset import RLDataset
 from rlflow.errors import UserError
-from rlflow.models.loading import load_causal_lm, load_tokenizer
+from rlflow.models.loading import load_tokenizer
 from rlflow.protocol import DataProto
 from rlflow.rewards import RewardInput, get_reward_fn, score_one
-from rlflow.utils.device import get_torch_device
+from rlflow.rollout import build_rollout, rollout_names
+
+AUTO_BACKEND = "auto"
+BACKEND_PACKAGES = {"vllm": "vllm"}  # backend -> the package it imports; the others need only rlflow's own
+GREEDY = {"n": 1, "do_sample": False, "temperature": 0.0, "seed": None}
 
 
-def _trim_left_padding(batch: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
-    """``input_ids`` and ``attention_mask`` without the columns that are padding in every row."""
-    mask = batch.batch["attention_mask"]
-    first = int(mask.any(dim=0).nonzero()[0])
-    return batch.batch["input_ids"][:, first:], mask[:, first:]
+def _installed(backend: str) -> bool:
+    package = BACKEND_PACKAGES.get(backend)
+    return package is None or importlib.util.find_spec(package) is not None
 
 
-@torch.no_grad()
-def generate_greedy(model: Any, tokenizer: Any, batch: DataProto, max_new_tokens: int) -> list[str]:
-    """Greedy responses (decoded, special tokens dropped) for a left-padded prompt batch."""
-    input_ids, attention_mask = _trim_left_padding(batch)
-    device = next(model.parameters()).device
-    output = model.generate(
-        input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    responses = output[:, input_ids.shape[1] :]
-    return tokenizer.batch_decode(responses, skip_special_tokens=True)
+def resolve_backend(backend: str) -> str:
+    """The rollout backend ``backend`` names; ``auto`` is ``vllm`` when the package is installed, else ``hf``."""
+    if backend == AUTO_BACKEND:
+        return "vllm" if _installed("vllm") else "hf"
+    if backend not in rollout_names():
+        raise UserError(f"--backend {backend!r}: choose one of {[AUTO_BACKEND, *rollout_names()]}")
+    if not _installed(backend):
+        raise UserError(f"--backend {backend}: the {BACKEND_PACKAGES[backend]!r} package is not installed; "
+                        "install it, or choose --backend hf")
+    return backend
+
+
+def eval_rollout_config(backend: str, max_prompt_length: int, max_new_tokens: int, batch_size: int) -> RolloutConfig:
+    """The rollout config of an evaluation: fp32, ``batch_size`` sequences decoded together, no sampling keys."""
+    return RolloutConfig(name=backend, prompt_length=max_prompt_length, response_length=max_new_tokens, n=1,
+                         do_sample=False, temperature=0.0, seed=None, max_num_seqs=batch_size, dtype="float32")
+
+
+def decode_responses(output: DataProto, tokenizer: Any) -> list[str]:
+    """The text of each rollout response (its tokens through EOS, special tokens dropped)."""
+    responses, mask = output.batch["responses"], output.batch["response_mask"].bool()
+    return [tokenizer.decode(row[keep].tolist(), skip_special_tokens=True) for row, keep in zip(responses, mask)]
+
+
+def generate_greedy(
+    model_path: str | Path, prompts: DataProto, max_new_tokens: int, backend: str = AUTO_BACKEND,
+    batch_size: int = 64, device: str = "auto",
+) -> list[str]:
+    """Greedy responses of the model folder to a left-padded prompt batch, decoded, one per row."""
+    name = resolve_backend(backend)
+    max_prompt_length = prompts.batch["input_ids"].shape[1]
+    config = eval_rollout_config(name, max_prompt_length, max_new_tokens, batch_size)
+    with build_rollout(config, model_path, device) as rollout:
+        output = rollout.generate(prompts, GREEDY)
+        return decode_responses(output, rollout.tokenizer)
 
 
 def evaluate_greedy_accuracy(
@@ -61,39 +92,41 @@ def evaluate_greedy_accuracy(
     max_prompt_length: int = 256,
     device: str = "auto",
     correct_threshold: float = 1.0,
+    backend: str = AUTO_BACKEND,
 ) -> dict[str, Any]:
-    """Greedy-decode the prompts of ``val_files`` (verl RL format) and score them.
+    """Greedy-decode the prompts of ``val_files`` (verl RL format) with ``backend`` and score them.
 
     Returns ``accuracy`` (fraction with score >= ``correct_threshold``), ``mean_score``,
-    ``num_samples``, ``accuracy/<data_source>`` per source, and ``examples``: the first few
+    ``num_samples``, ``accuracy/<data_source>`` per source, ``backend`` (the one that ran),
+    ``responses`` (every response, in file order) and ``examples``: the first few
     ``(prompt, response, ground_truth, score)`` for a look at what the model writes.
     """
+    name = resolve_backend(backend)
     tokenizer = load_tokenizer(model_path)
-    tokenizer.padding_side = "left"
     dataset = RLDataset(val_files, tokenizer, max_prompt_length=max_prompt_length, filter_overlong_prompts=False)
     count = len(dataset) if limit is None else min(limit, len(dataset))
     if count < 1:
         raise UserError(f"no prompts to evaluate in {val_files}")
-    model = load_causal_lm(model_path, dtype="float32").to(get_torch_device(device)).eval()
+    batch = dataset.collate(list(range(count)))
+    responses = generate_greedy(model_path, batch, max_new_tokens, name, batch_size, device)
     scores: dict[str, list[float]] = defaultdict(list)
     examples: list[dict[str, Any]] = []
-    for start in range(0, count, batch_size):
-        batch = dataset.collate(list(range(start, min(start + batch_size, count))))
-        responses = generate_greedy(model, tokenizer, batch, max_new_tokens)
-        for row, response in enumerate(responses):
-            data_source = batch.non_tensor_batch["data_source"][row]
-            sample = RewardInput(data_source, response, batch.non_tensor_batch["ground_truth"][row],
-                                 batch.non_tensor_batch["extra_info"][row])
-            score = score_one(get_reward_fn(data_source), sample, error_score=0.0).score
-            scores[data_source].append(score)
-            if len(examples) < 5:
-                prompt = batch.non_tensor_batch["raw_prompt"][row][-1]["content"]
-                examples.append({"prompt": prompt, "response": response, "ground_truth": sample.ground_truth, "score": score})
+    for row, response in enumerate(responses):
+        data_source = batch.non_tensor_batch["data_source"][row]
+        sample = RewardInput(data_source, response, batch.non_tensor_batch["ground_truth"][row],
+                             batch.non_tensor_batch["extra_info"][row])
+        score = score_one(get_reward_fn(data_source), sample, error_score=0.0).score
+        scores[data_source].append(score)
+        if len(examples) < 5:
+            prompt = batch.non_tensor_batch["raw_prompt"][row][-1]["content"]
+            examples.append({"prompt": prompt, "response": response, "ground_truth": sample.ground_truth, "score": score})
     every = [s for values in scores.values() for s in values]
     result: dict[str, Any] = {
         "accuracy": sum(s >= correct_threshold for s in every) / len(every),
         "mean_score": sum(every) / len(every),
         "num_samples": len(every),
+        "backend": name,
+        "responses": responses,
         "examples": examples,
     }
     for data_source, values in scores.items():
@@ -101,25 +134,39 @@ def evaluate_greedy_accuracy(
     return result
 
 
+def write_responses(path: str | Path, result: dict[str, Any]) -> None:
+    """One JSON line per prompt, in file order: ``{"index", "response"}``."""
+    with open(path, "w") as out:
+        for index, response in enumerate(result["responses"]):
+            out.write(json.dumps({"index": index, "response": response}) + "\n")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Command-line entry: print the greedy accuracy of ``--model`` on ``--data``."""
     parser = argparse.ArgumentParser(prog="python -m rlflow.observability.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="HF model folder (e.g. an SFT export)")
     parser.add_argument("--data", required=True, nargs="+", help="RL-format parquet/jsonl files with prompts and ground truth")
+    parser.add_argument("--backend", default=AUTO_BACKEND, choices=[AUTO_BACKEND, *rollout_names()],
+                        help="decoder: vllm, hf (HF generate), or auto (vllm when installed, else hf)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N prompts")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--responses", default=None, metavar="FILE",
+                        help="also write every response to this JSONL file")
     args = parser.parse_args(argv)
     try:
         result = evaluate_greedy_accuracy(args.model, args.data, args.max_new_tokens, args.batch_size, args.limit,
-                                          device=args.device)
+                                          device=args.device, backend=args.backend)
     except (UserError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.responses:
+        write_responses(args.responses, result)
     for example in result["examples"][:3]:
         print(f"  {example['prompt']!r} -> {example['response']!r} (truth {example['ground_truth']}, score {example['score']})")
-    print(f"accuracy {result['accuracy']:.4f} ({result['num_samples']} prompts, mean score {result['mean_score']:.4f})")
+    print(f"accuracy {result['accuracy']:.4f} ({result['num_samples']} prompts, mean score {result['mean_score']:.4f}, "
+          f"backend {result['backend']})")
     return 0
 
 

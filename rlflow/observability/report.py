@@ -1,7 +1,8 @@
 """End-of-run report: learning curves, a before/after accuracy summary and sample answers.
 
 It reads what the trainers already write (``metrics.jsonl`` of each run, exported HF folders)
-and evaluates model folders greedily with ``rlflow.observability.evaluate.evaluate_greedy_accuracy``.
+and evaluates model folders greedily with ``rlflow.observability.evaluate.evaluate_greedy_accuracy``
+(``--backend``: vLLM when it is installed, else HF ``generate``; ``vllm`` or ``hf`` to choose).
 Nothing in it is specific to one recipe; ``recipes/demo.sh`` calls it as its last phase::
 
     python -m rlflow.observability.report --out outputs/demo \\
@@ -212,15 +213,16 @@ def plot_curves(records: Sequence[dict[str, Any]], out: str | Path, title: str =
 
 # ---------------------------------------------------------------------------------------- evaluation
 def evaluate_models(models: dict[str, Path], data: Sequence[str | Path], max_new_tokens: int,
-                    limit: Optional[int]) -> dict[str, dict[str, Any]]:
-    """Greedy accuracy (and the first examples) of every model folder on ``data``."""
+                    limit: Optional[int], backend: str = "auto") -> dict[str, dict[str, Any]]:
+    """Greedy accuracy (and the first examples) of every model folder on ``data``, decoded by ``backend``."""
     from rlflow.observability.evaluate import evaluate_greedy_accuracy
 
     results = {}
     for name, path in models.items():
         if not (path / "config.json").is_file():
             raise UserError(f"--model {name}={path}: not an HF model folder (no config.json); did that phase finish?")
-        results[name] = evaluate_greedy_accuracy(path, list(data), max_new_tokens=max_new_tokens, limit=limit)
+        results[name] = evaluate_greedy_accuracy(path, list(data), max_new_tokens=max_new_tokens, limit=limit,
+                                                 backend=backend)
     return results
 
 
@@ -257,11 +259,12 @@ def _format_seconds(seconds: Optional[float]) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def summary_markdown(accuracy: dict[str, float], num_prompts: Optional[int], phases: Sequence[PhaseSummary]) -> str:
-    """The summary as markdown: val accuracy per model, then one row per phase."""
+def summary_markdown(accuracy: dict[str, float], num_prompts: Optional[int], phases: Sequence[PhaseSummary],
+                     eval_backend: Optional[str] = None) -> str:
+    """The summary as markdown: val accuracy per model (and the backend that decoded), then one row per phase."""
     lines = []
     if accuracy:
-        lines += [f"val accuracy (greedy, {num_prompts} prompts)", "",
+        lines += [f"val accuracy (greedy, {num_prompts} prompts, {eval_backend} decoding)", "",
                   "| " + " | ".join(accuracy) + " |", "|" + "---|" * len(accuracy),
                   "| " + " | ".join(f"{value:.1%}" for value in accuracy.values()) + " |", ""]
     lines += ["| phase | steps | wall time | tokens/s |", "|---|---|---|---|"]
@@ -275,7 +278,8 @@ def summary_markdown(accuracy: dict[str, float], num_prompts: Optional[int], pha
 
 
 def build_report(out: str | Path, runs: dict[str, Path], models: dict[str, Path], data: Sequence[str | Path],
-                 phase_times: dict[str, float], max_new_tokens: int = 32, limit: Optional[int] = None) -> dict[str, Any]:
+                 phase_times: dict[str, float], max_new_tokens: int = 32, limit: Optional[int] = None,
+                 backend: str = "auto") -> dict[str, Any]:
     """Write curves.png (if a run is an RL run), samples.md (if models are given), summary.md/json; return the summary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -286,21 +290,23 @@ def build_report(out: str | Path, runs: dict[str, Path], models: dict[str, Path]
         curves = plot_curves(run_records[rl_runs[0]], out / "curves.png", title=f"{rl_runs[0]}: learning curves")
         summary["files"]["curves"] = str(curves)
     accuracy: dict[str, float] = {}
-    num_prompts = None
+    num_prompts = eval_backend = None
     if models:
         if not data:
             raise UserError("--model needs --data: the RL-format val files to evaluate on")
-        results = evaluate_models(models, data, max_new_tokens, limit)
+        results = evaluate_models(models, data, max_new_tokens, limit, backend)
         accuracy = {name: result["accuracy"] for name, result in results.items()}
         num_prompts = next(iter(results.values()))["num_samples"]
+        eval_backend = next(iter(results.values()))["backend"]
         (out / "samples.md").write_text(samples_markdown(results))
         summary["files"]["samples"] = str(out / "samples.md")
     phases = [summarize_run(name, run_records[name], phase_times.get(name)) if name in run_records
               else PhaseSummary(name, wall_s=seconds) for name, seconds in phase_times.items()]
     phases += [summarize_run(name, records, None) for name, records in run_records.items() if name not in phase_times]
-    table = summary_markdown(accuracy, num_prompts, phases)
+    table = summary_markdown(accuracy, num_prompts, phases, eval_backend)
     (out / "summary.md").write_text("# Run summary\n\n" + table)
-    summary.update(accuracy=accuracy, num_prompts=num_prompts, phases=[asdict(phase) for phase in phases], table=table)
+    summary.update(accuracy=accuracy, num_prompts=num_prompts, eval_backend=eval_backend,
+                   phases=[asdict(phase) for phase in phases], table=table)
     summary["files"]["summary"] = str(out / "summary.md")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -308,6 +314,8 @@ def build_report(out: str | Path, runs: dict[str, Path], models: dict[str, Path]
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Command-line entry: build the report and print the summary table."""
+    from rlflow.rollout import rollout_names
+
     parser = argparse.ArgumentParser(prog="python -m rlflow.observability.report", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for curves.png, samples.md, summary.md, summary.json")
     parser.add_argument("--run", action="append", default=[], metavar="NAME=DIR",
@@ -317,11 +325,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--data", nargs="+", default=[], help="RL-format val files (parquet/jsonl) for --model")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="greedy decoding budget per answer")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N prompts")
+    parser.add_argument("--backend", default="auto", choices=["auto", *rollout_names()],
+                        help="decoder of the evaluation: vllm, hf (HF generate), or auto (vllm when installed)")
     parser.add_argument("--phase-times", default=None, help="file of 'name<TAB>seconds' lines (wall time per phase)")
     args = parser.parse_args(argv)
     try:
         summary = build_report(args.out, named_paths(args.run, "--run"), named_paths(args.model, "--model"), args.data,
-                               read_phase_times(args.phase_times), args.max_new_tokens, args.limit)
+                               read_phase_times(args.phase_times), args.max_new_tokens, args.limit, args.backend)
     except (UserError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
