@@ -128,6 +128,16 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def register_named(self, name: str) -> Callable[[T], T]:
+        """Class decorator: ``register(name)`` and set the class's ``name`` attribute to ``name``."""
+
+        def decorator(cls: T) -> T:
+            self.register(name)(cls)
+            cls.name = name
+            return cls
+
+        return decorator
+
     def add(self, name: str | Enum, obj: T, *, override: bool = False, **metadata: Any) -> T:
         """``register(name, ...)(obj)`` for an object that is not defined with a decorator."""
         return self.register(name, override=override, **metadata)(obj)

@@ -18,6 +18,16 @@ class Shape(str, Enum):
     SQUARE = "square"
 
 
+def test_register_named_sets_the_class_name_to_its_registered_name():
+    registry: Registry = Registry("shape", base=object)
+
+    @registry.register_named("circle")
+    class Circle:
+        pass
+
+    assert registry.get("circle") is Circle and Circle.name == "circle"
+
+
 def test_aliases_share_one_object_and_enums_are_names():
     registry: Registry = Registry("shape", "model.shape")
 

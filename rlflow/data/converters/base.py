@@ -54,10 +54,4 @@ _ConverterT = TypeVar("_ConverterT", bound=type[DatasetConverter])
 
 def register_converter(name: str) -> Callable[[_ConverterT], _ConverterT]:
     """Class decorator adding a converter to ``CONVERTER_REGISTRY`` under ``name`` (and setting its ``name``)."""
-
-    def decorate(cls: _ConverterT) -> _ConverterT:
-        CONVERTER_REGISTRY.register(name)(cls)
-        cls.name = name
-        return cls
-
-    return decorate
+    return CONVERTER_REGISTRY.register_named(name)

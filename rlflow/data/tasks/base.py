@@ -60,13 +60,7 @@ _TaskT = TypeVar("_TaskT", bound=type[SyntheticTask])
 
 def register_task(name: str) -> Callable[[_TaskT], _TaskT]:
     """Class decorator adding a task to ``TASK_REGISTRY`` under ``name`` (and setting its ``name``)."""
-
-    def decorate(cls: _TaskT) -> _TaskT:
-        TASK_REGISTRY.register(name)(cls)
-        cls.name = name
-        return cls
-
-    return decorate
+    return TASK_REGISTRY.register_named(name)
 
 
 def get_task_cls(name: str) -> type[SyntheticTask]:
