@@ -102,4 +102,3 @@ class DivergenceGuard:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state_dict()``'s counts."""
         self.consecutive_skipped = {str(model): int(count) for model, count in state["consecutive_skipped"].items()}
-
