@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
+from typing import Any, Sequence
 
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch, response_length, state_values_slice
@@ -39,18 +38,34 @@ class Critic(EngineRole):
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """PPO value updates over this rank's share: ``critic.ppo_epochs`` x mini-batches.
 
-        ``data.meta_info["mini_batch_size"]`` is the global mini-batch size in sequences.
+        ``data.meta_info["mini_batch_size"]`` is the global mini-batch size in sequences. Besides the
+        mean loss and optimizer metrics (``critic/skipped``: the fraction of skipped optimizer steps,
+        ``critic/skipped_steps``: the engine's count, as the actor reports them), it reports
+        ``critic/optim_steps`` and ``critic/trailing_skipped_steps`` (how many of the last optimizer
+        steps were skipped in a row) for the driver's divergence guard.
         """
         cfg = self.critic_config
         local_mini_batch = max(1, data.meta_info["mini_batch_size"] // self.engine.mesh.dp_size)
         view = engine_batch(data, extra_keys=("values", "returns"))
-        step_metrics = []
+        step_metrics, skipped = [], []
         with self.engine.train_mode():
             for mini_batch in view.make_iterator(local_mini_batch, cfg.ppo_epochs, cfg.shuffle, seed=data.meta_info.get("seed", 0)):
                 _, metrics = self.engine.forward_backward(mini_batch, self.loss_fn)
                 step = self.engine.optim_step()
+                skipped.append(bool(step["skipped"]))
                 step_metrics.append(
                     {**{k: v for k, v in metrics.items() if k.startswith("critic/")},
-                     "critic/grad_norm": step["grad_norm"], "critic/lr": step["lr"]}
+                     **{f"critic/{key}": float(step[key]) for key in ("grad_norm", "lr", "skipped", "skipped_steps")}}
                 )
-        return mean_per_key(step_metrics)
+        return {**mean_per_key(step_metrics), "critic/optim_steps": float(len(skipped)),
+                "critic/trailing_skipped_steps": float(trailing_skipped_steps(skipped))}
+
+
+def trailing_skipped_steps(skipped: Sequence[bool]) -> int:
+    """How many optimizer steps at the end of ``skipped`` (one flag per step, in order) were skipped in a row."""
+    count = 0
+    for flag in reversed(skipped):
+        if not flag:
+            break
+        count += 1
+    return count

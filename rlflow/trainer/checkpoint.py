@@ -4,7 +4,7 @@ Layout under ``trainer.default_local_dir``::
 
     global_step_N/
         actor/ critic/ ...      each role's engine checkpoint (written by its workers)
-        driver_state.pt         step, data-loader position, KL controller, RNG
+        driver_state.pt         step, data-loader position, KL controller, RNG, divergence-guard counts
     latest_checkpointed_iteration.txt
 
 A step is written into ``global_step_N.partial`` and renamed only when every part is on

@@ -8,7 +8,9 @@ Two limits, both counted in the step's metrics:
   this fraction of the samples got ``error_score`` aborts the run (``reward/error_fraction``).
 * ``trainer.max_consecutive_skipped_steps``: an optimizer step whose gradient norm is not finite
   is skipped by the engine; this many skipped in a row, per model, aborts the run
-  (``actor/consecutive_skipped_steps``, ``train/consecutive_skipped_steps``). 0: never abort.
+  (``actor/consecutive_skipped_steps``, ``critic/consecutive_skipped_steps``,
+  ``train/consecutive_skipped_steps``). 0: never abort. The counts are part of the driver's
+  checkpoint (``state_dict``), so a resumed run continues them.
 
 The abort is a ``DivergenceError`` (a ``UserError``): the entry points print its one line and exit 2.
 """
@@ -70,7 +72,19 @@ class DivergenceGuard:
 
     def check_optim_step(self, model: str, skipped: bool) -> dict[str, float]:
         """``<model>/consecutive_skipped_steps`` after one optimizer step; raises ``DivergenceError`` at the limit."""
-        count = self.consecutive_skipped.get(model, 0) + 1 if skipped else 0
+        return self.check_optim_steps(model, steps=1, trailing_skipped=int(skipped))
+
+    def check_optim_steps(self, model: str, steps: int, trailing_skipped: int) -> dict[str, float]:
+        """The same after ``steps`` optimizer steps run together (a worker-side update, such as the critic's),
+        of which the last ``trailing_skipped`` were skipped.
+
+        When every one of them was skipped the run of skipped steps continues the previous count;
+        otherwise it restarts at ``trailing_skipped``. Raises ``DivergenceError`` once it reaches the limit.
+        """
+        if not 0 <= trailing_skipped <= steps:
+            raise ValueError(f"{model}: {trailing_skipped} trailing skipped steps out of {steps} optimizer steps")
+        previous = self.consecutive_skipped.get(model, 0) if trailing_skipped == steps else 0
+        count = previous + trailing_skipped
         self.consecutive_skipped[model] = count
         limit = self.max_consecutive_skipped_steps
         if limit and count >= limit:
@@ -80,3 +94,11 @@ class DivergenceGuard:
                 f"and the data, or resume from an earlier checkpoint"
             )
         return {f"{model}/consecutive_skipped_steps": float(count)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the guard has counted so far (the runs of skipped steps per model), for the driver's checkpoint."""
+        return {"consecutive_skipped": dict(self.consecutive_skipped)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``'s counts."""
+        self.consecutive_skipped = {str(model): int(count) for model, count in state["consecutive_skipped"].items()}

@@ -264,7 +264,9 @@ class PPOTrainer:
         update = batch.select(batch_keys=ACTOR_UPDATE_KEYS[:5] + ("values", "returns"), non_tensor_batch_keys=[])
         update.meta_info = {"mini_batch_size": self.config.critic.ppo_mini_batch_size * self.config.rollout.n,
                             "seed": self.config.trainer.seed + step}
-        return self.roles.critic.update_critic(update)
+        metrics = self.roles.critic.update_critic(update)  # its optimizer steps run in the worker: checked together
+        return {**metrics, **self.guard.check_optim_steps("critic", int(metrics["critic/optim_steps"]),
+                                                          int(metrics["critic/trailing_skipped_steps"]))}
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
@@ -293,7 +295,7 @@ class PPOTrainer:
                 roles.critic.save_checkpoint(str(folder / "critic"))
 
         state = {"global_step": step, "dataloader": self.train_loader.state_dict(), "kl_coef": self.kl_ctrl.value,
-                 "rng": get_rng_state()}
+                 "rng": get_rng_state(), "divergence_guard": self.guard.state_dict()}
         path = self.checkpoints.save(step, state, save_workers)
         logger.info("saved checkpoint %s", path)
 
@@ -310,6 +312,7 @@ class PPOTrainer:
         self.roles.sync_weights(self.config.rollout)
         self.train_loader.load_state_dict(state["dataloader"])
         self.kl_ctrl.value = state["kl_coef"]
+        self.guard.load_state_dict(state["divergence_guard"])
         set_rng_state(state["rng"])
         logger.info("resumed from %s (step %d)", folder, state["global_step"])
         return int(state["global_step"])

@@ -237,7 +237,8 @@ class SFTTrainer:
 
         step = self.global_step
         if self.is_driver:
-            state = {"global_step": step, "train_loader": self.train_loader.state_dict()}
+            state = {"global_step": step, "train_loader": self.train_loader.state_dict(),
+                     "divergence_guard": self.guard.state_dict()}
             path = self.checkpoints.save(step, state, save_workers)
             logger.info("saved checkpoint %s", path)
         else:  # the other torchrun ranks take part in the engine save into the driver's partial folder
@@ -252,6 +253,7 @@ class SFTTrainer:
         state = self.checkpoints.load_driver_state(folder)
         self.group.load_checkpoint(str(folder / ENGINE_CHECKPOINT_DIR))
         self.train_loader.load_state_dict(state["train_loader"])
+        self.guard.load_state_dict(state["divergence_guard"])
         self.global_step = int(state["global_step"])
         logger.info("resumed from %s at step %d of %d", folder, self.global_step, self.total_steps)
 

@@ -1,10 +1,12 @@
 """Start or join the Ray cluster the controller drives.
 
 ``init_ray()`` starts a private local cluster: every port on loopback, token auth on (unless
-``RAY_AUTH_MODE`` is set), no dashboard; see ``ray_security``. ``init_ray(address="auto")`` or
-``init_ray(address="10.0.0.1:6379")`` joins one started with ``ray start`` under that cluster's
-own network and auth settings (see docs/multinode.md). It never runs ``ray stop``: that would
-kill every Ray process on the machine, other users' included.
+``RAY_AUTH_MODE`` is set), no dashboard (see ``ray_security``), and a watcher that ends every
+process the driver started once the driver is gone, even after a SIGKILL (see ``cluster_reaper``).
+``init_ray(address="auto")`` or ``init_ray(address="10.0.0.1:6379")`` joins one started with
+``ray start`` under that cluster's own network and auth settings (see docs/multinode.md), with no
+watcher. It never runs ``ray stop``: that would kill every Ray process on the machine, other
+users' included.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Optional
 import ray
 
 from rlflow.utils.logging import get_logger
+from rlflow.workers.cluster_reaper import ClusterReaper
 from rlflow.workers.ray_security import LOOPBACK, ClusterAuth, node_ip_scope
 
 logger = get_logger(__name__)
@@ -24,6 +27,7 @@ _SOCKET_SUFFIX_CHARS = 64
 _MAX_SOCKET_PATH = 107
 _WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 _AUTH = ClusterAuth()
+_reaper: Optional[ClusterReaper] = None  # the watcher started with the local cluster of this process
 
 
 def init_ray(
@@ -42,6 +46,7 @@ def init_ray(
     dashboard, and keeps its sockets and logs in ``temp_dir`` (keep the path short: Ray's socket
     paths must stay under 108 characters). Calling it again while connected is a no-op.
     """
+    global _reaper
     if ray.is_initialized():
         return
     runtime_env = dict(ray_init_kwargs.pop("runtime_env", None) or {})
@@ -55,6 +60,7 @@ def init_ray(
             )
         ray_init_kwargs.setdefault("include_dashboard", False)
         _AUTH.enable()
+        _reaper = ClusterReaper()
         try:
             with node_ip_scope(node_ip_address):
                 ray.init(
@@ -66,6 +72,7 @@ def init_ray(
                     **ray_init_kwargs,
                 )
         except BaseException:
+            _stop_reaper()
             _AUTH.restore()
             raise
     else:
@@ -77,4 +84,12 @@ def shutdown_ray() -> None:
     """Disconnect this process from Ray (and stop the local cluster it started). Never ``ray stop``."""
     if ray.is_initialized():
         ray.shutdown()
+    _stop_reaper()
     _AUTH.restore()
+
+
+def _stop_reaper() -> None:
+    global _reaper
+    if _reaper is not None:
+        _reaper.stop()
+        _reaper = None

@@ -9,6 +9,8 @@ import torch
 
 from rlflow.config import ConfigError
 from rlflow.errors import UserError
+from rlflow.roles.critic import trailing_skipped_steps
+from rlflow.trainer.checkpoint import CheckpointManager
 from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
 from rlflow.trainer.divergence import DivergenceError, DivergenceGuard, replace_non_finite
 
@@ -35,6 +37,36 @@ def test_skipped_steps_abort_after_n_in_a_row_per_model():
         guard.check_optim_step("actor", True)
     never = DivergenceGuard(max_consecutive_skipped_steps=0)
     assert [never.check_optim_step("train", True)["train/consecutive_skipped_steps"] for _ in range(50)][-1] == 50
+
+
+def test_a_worker_side_update_continues_the_run_only_when_all_its_steps_were_skipped():
+    """The critic's update runs its optimizer steps in the worker and reports (steps, trailing skipped)."""
+    assert [trailing_skipped_steps(flags) for flags in ([], [False], [True], [True, False], [False, True, True])] == \
+        [0, 0, 1, 0, 2]
+    guard = DivergenceGuard(max_consecutive_skipped_steps=6)
+    counts = [guard.check_optim_steps("critic", steps, trailing)["critic/consecutive_skipped_steps"]
+              for steps, trailing in ((2, 1), (2, 2), (2, 0), (2, 2), (2, 2))]
+    assert counts == [1, 3, 0, 2, 4]  # all skipped: the run goes on; one good step: it restarts at the trailing run
+    assert guard.check_optim_step("actor", True) == {"actor/consecutive_skipped_steps": 1.0}  # per model
+    with pytest.raises(DivergenceError, match=r"^critic: 7 optimizer steps in a row were skipped because the gradient "
+                                              r"norm was not finite \(trainer.max_consecutive_skipped_steps=6\)"):
+        guard.check_optim_steps("critic", 3, 3)  # the limit is passed inside one update: the count says by how much
+    with pytest.raises(ValueError, match="3 trailing skipped steps out of 2"):
+        guard.check_optim_steps("critic", 2, 3)
+
+
+def test_the_guard_state_round_trips_through_the_driver_state_file(tmp_path):
+    guard = DivergenceGuard(max_consecutive_skipped_steps=4)
+    guard.check_optim_step("actor", True)
+    guard.check_optim_steps("critic", 2, 2)
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"global_step": 1, "divergence_guard": guard.state_dict()}, lambda folder: None)
+    resumed = DivergenceGuard(max_consecutive_skipped_steps=4)
+    resumed.load_state_dict(manager.load_driver_state(manager.latest())["divergence_guard"])  # weights_only load
+    assert resumed.consecutive_skipped == {"actor": 1, "critic": 2}
+    assert resumed.check_optim_step("actor", True) == {"actor/consecutive_skipped_steps": 2.0}
+    with pytest.raises(DivergenceError, match="^critic: 4 optimizer steps in a row"):
+        resumed.check_optim_steps("critic", 2, 2)
 
 
 @pytest.mark.parametrize("kwargs, key", [

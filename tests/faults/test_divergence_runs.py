@@ -91,6 +91,25 @@ def test_ppo_aborts_after_consecutive_skipped_actor_steps(assets, tmp_path):
 
 @pytest.mark.full
 @pytest.mark.timeout(400)
+def test_ppo_aborts_after_consecutive_skipped_critic_steps(assets, tmp_path):
+    """GAE with a critic whose gradients are all NaN (its optimizer steps run inside the worker); the actor is sane."""
+    run_dir = tmp_path / "run"
+    result = run_entry("rlflow.trainer.main_ppo", [*ppo_args(assets, run_dir), "algorithm=ppo", "critic.ppo_mini_batch_size=2",
+                                                   "critic.engine.name=nan_grad_fsdp2",
+                                                   f"reward.custom_function={PLUGIN}:digit_share",
+                                                   "trainer.max_consecutive_skipped_steps=4"])
+    assert error_line(result).startswith(
+        "error: critic: 4 optimizer steps in a row were skipped because the gradient norm was not finite "
+        "(trainer.max_consecutive_skipped_steps=4)")
+    steps = logged_steps(run_dir)  # 2 critic optimizer steps per training step: step 1 logged, step 2 aborts
+    assert [s["step"] for s in steps] == [1]
+    assert steps[0]["critic/consecutive_skipped_steps"] == 2 and steps[0]["critic/skipped"] == 1.0
+    assert steps[0]["critic/skipped_steps"] == 1.5 and steps[0]["critic/optim_steps"] == 2
+    assert steps[0]["actor/consecutive_skipped_steps"] == 0 and steps[0]["actor/skipped"] == 0.0
+
+
+@pytest.mark.full
+@pytest.mark.timeout(400)
 def test_sft_aborts_after_consecutive_skipped_steps(assets, tmp_path):
     run_dir = tmp_path / "run"
     result = run_entry("rlflow.trainer.main_sft", [

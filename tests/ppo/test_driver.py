@@ -96,6 +96,7 @@ def test_ppo_with_critic_runs_split_and_value_loss_falls(tiny_model, addition_da
     assert len(vf_loss) == 4 and all(v == v for v in vf_loss)
     assert vf_loss[-1] < vf_loss[0], vf_loss
     assert all("critic/values/mean" in r for r in records)
+    assert all(r["critic/optim_steps"] == 2 and r["critic/consecutive_skipped_steps"] == 0 for r in records)
     assert all(r["weight_sync/mb"] > 0 for r in records)
     val = {k.removeprefix("val-core/synthetic/addition/reward/"): v for k, v in records[-1].items()
            if k.startswith("val-core/")}
