@@ -200,8 +200,17 @@ class CheckpointManager:
         return folder
 
     @staticmethod
-    def load_driver_state(folder: Path) -> dict[str, Any]:
-        return load_weights_only(folder / DRIVER_STATE, CheckpointError)
+    def load_driver_state(folder: Path, keys: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The driver's state of checkpoint ``folder``; one-line ``CheckpointError`` when any of ``keys`` is missing
+        (a checkpoint written by an older rlflow)."""
+        state = load_weights_only(folder / DRIVER_STATE, CheckpointError)
+        missing = [key for key in keys if key not in state]
+        if missing:
+            raise CheckpointError(
+                f"checkpoint {folder}: {DRIVER_STATE} has no {', '.join(missing)} (written by an older rlflow); "
+                "start a new trainer.default_local_dir, or set trainer.resume_mode=disable"
+            )
+        return state
 
     def _prune(self, saved_step: int) -> None:
         """Keep ``max_to_keep`` checkpoints: the one just saved plus the newest older ones.

@@ -305,7 +305,7 @@ class PPOTrainer:
         folder = self.checkpoints.resolve(trainer.resume_mode, trainer.resume_from_path)
         if folder is None:
             return 0
-        state = self.checkpoints.load_driver_state(folder)
+        state = self.checkpoints.load_driver_state(folder, ("global_step", "dataloader", "kl_coef", "rng", "divergence_guard"))
         self.roles.actor.load_checkpoint(str(folder / "actor"))
         if self.use_critic:
             self.roles.critic.load_checkpoint(str(folder / "critic"))

@@ -250,7 +250,7 @@ class SFTTrainer:
         folder = self.checkpoints.resolve(self.trainer_config.resume_mode, self.trainer_config.resume_from_path)
         if folder is None:
             return
-        state = self.checkpoints.load_driver_state(folder)
+        state = self.checkpoints.load_driver_state(folder, ("global_step", "train_loader", "divergence_guard"))
         self.group.load_checkpoint(str(folder / ENGINE_CHECKPOINT_DIR))
         self.train_loader.load_state_dict(state["train_loader"])
         self.guard.load_state_dict(state["divergence_guard"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlflow.config import ConfigError
-from rlflow.errors import UserError
+from rlflow.errors import CheckpointError, UserError
 from rlflow.roles.critic import trailing_skipped_steps
 from rlflow.trainer.checkpoint import CheckpointManager
 from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
@@ -67,6 +67,14 @@ def test_the_guard_state_round_trips_through_the_driver_state_file(tmp_path):
     assert resumed.check_optim_step("actor", True) == {"actor/consecutive_skipped_steps": 2.0}
     with pytest.raises(DivergenceError, match="^critic: 4 optimizer steps in a row"):
         resumed.check_optim_steps("critic", 2, 2)
+
+
+def test_a_driver_state_without_the_guard_is_one_line_naming_the_key(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"global_step": 1}, lambda folder: None)  # an older rlflow's driver state
+    with pytest.raises(CheckpointError, match=r"^checkpoint .*global_step_1: driver_state\.pt has no divergence_guard "
+                                              r"\(written by an older rlflow\); start a new"):
+        manager.load_driver_state(manager.latest(), ("global_step", "divergence_guard"))
 
 
 @pytest.mark.parametrize("kwargs, key", [
