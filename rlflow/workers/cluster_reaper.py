@@ -17,8 +17,9 @@ that one process after it is re-parented, and a reused pid is never hit. When th
 gone, the watcher sends SIGTERM to every one of them still alive, SIGKILL to those alive
 ``GRACE_S`` later, and exits. ``shutdown_ray`` stops it first (``stop``): after a clean
 ``ray.shutdown`` nothing is left to end, and the driver's other children are not the watcher's
-business while the driver lives. Only the driver's own descendants are ever signalled, so no
-other run's or user's processes. A process started less than ``POLL_S`` before the driver died
+business while the driver lives. Only the driver's own descendants that started after the watcher
+are ever signalled: no other run's or user's processes, and none the driver had before the cluster
+(a notebook kernel's other children, say). A process started less than ``POLL_S`` before the driver died
 can be missed; Ray's agents start with the cluster. Linux only (``/proc``, pidfds), like Ray's
 own fate-sharing; elsewhere no watcher is started.
 
@@ -108,10 +109,11 @@ class _Tracked:
     def __init__(self, driver: int):
         self.driver = driver
         self.pidfds: dict[int, int] = {}
+        self.since = int(_stat(os.getpid())[1])  # start time in clock ticks: older descendants are not tracked
 
     def update(self) -> None:
         for pid, started in _descendants(self.driver):
-            if pid in self.pidfds or pid == os.getpid():
+            if pid in self.pidfds or pid == os.getpid() or int(started) < self.since:
                 continue
             try:
                 pidfd = os.pidfd_open(pid)

@@ -32,13 +32,15 @@ import importlib.util, subprocess, sys, time
 spec = importlib.util.spec_from_file_location("cluster_reaper", {cluster_reaper.__file__!r})  # no Ray import: fast
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
+older = subprocess.Popen({SLEEPER!r})  # the driver's child from before the watcher: never signalled
+time.sleep(0.05)
 reaper = module.ClusterReaper()
 child = subprocess.Popen({SLEEPER!r})
 stubborn = subprocess.Popen({STUBBORN!r}, stdout=subprocess.PIPE, text=True)
 grandchild = subprocess.Popen([sys.executable, "-c", "import subprocess, time; p = subprocess.Popen({SLEEPER!r}); "
                                "print(p.pid, flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
 stubborn.stdout.readline()  # its SIGTERM handler is in place
-print(child.pid, stubborn.pid, grandchild.stdout.readline().strip(), flush=True)
+print(child.pid, stubborn.pid, grandchild.stdout.readline().strip(), older.pid, flush=True)
 time.sleep(2 * module.POLL_S)  # the watcher has looked them up
 if sys.argv[1] == "stop":
     reaper.stop()
@@ -88,7 +90,7 @@ def spawn_driver(code: str, *args: str) -> subprocess.Popen:
 def test_every_process_a_killed_driver_started_ends_within_the_grace_period():
     driver = spawn_driver(STAND_IN_DRIVER, "kill")
     try:
-        child, stubborn, grandchild = (int(pid) for pid in driver.stdout.readline().split())
+        child, stubborn, grandchild, older = (int(pid) for pid in driver.stdout.readline().split())
         time.sleep(2 * POLL_S)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
@@ -96,6 +98,7 @@ def test_every_process_a_killed_driver_started_ends_within_the_grace_period():
         assert gone_within([child, grandchild], timeout=2.0) == [], "SIGTERM did not reach the driver's descendants"
         assert gone_within([stubborn], timeout=GRACE_S + 3.0) == [], "the SIGTERM-proof process was not SIGKILLed"
         assert time.monotonic() - struck > GRACE_S - 0.5, "SIGKILL came before the grace period"
+        assert running(older), "a child the driver had before the watcher started was signalled"
     finally:
         kill_group(driver.pid)  # anything left of a failed check
 
