@@ -28,6 +28,8 @@ from rlflow.protocol import DataProto
 from rlflow.utils.device import limit_cpu_threads
 from rlflow.workers import DP_COMPUTE, RayWorkerGroup, ResourcePool, Worker, init_ray, register, shutdown_ray
 
+from machine import machine_line
+
 SEQ_LEN = 256
 
 
@@ -71,6 +73,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    print(machine_line())
 
     limit_cpu_threads(1)  # the driver too: on a loaded 2-core box two threads made torch.cat 200x slower
     init_ray(num_cpus=4, temp_dir=tempfile.mkdtemp(prefix="r", dir="/tmp"), object_store_memory=2 * 2**30)

@@ -28,6 +28,8 @@ from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 from rlflow.utils.device import limit_cpu_threads
 
+from machine import machine_line
+
 
 def make_batch(rows: int, seq_len: int, vocab: int) -> DataProto:
     generator = torch.Generator().manual_seed(0)
@@ -82,6 +84,7 @@ def main() -> None:
     parser.add_argument("--steps-per-round", type=int, default=3)
     parser.add_argument("--engines", nargs="*", default=EngineRegistry.names(), help="default: every registered engine")
     args = parser.parse_args()
+    print(machine_line())
     limit_cpu_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         model_path = build_preset(Path(tmp) / "model", tokenizer_corpus(), preset=args.size, seed=0)

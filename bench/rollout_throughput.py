@@ -28,6 +28,8 @@ from rlflow.rollout import build_rollout
 from rlflow.rollout.weight_sync import MiB
 from rlflow.utils.device import limit_cpu_threads
 
+from machine import machine_line
+
 BACKENDS = ("hf", "vllm")
 
 
@@ -79,6 +81,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--model-dir", default=None, help="where presets are built (default: a temp dir)")
     args = parser.parse_args()
+    print(machine_line())
     limit_cpu_threads(1)
     model_root = Path(args.model_dir or tempfile.mkdtemp(prefix="rollout-bench-"))
     sampling = SamplingConfig(n=args.n, temperature=1.0, seed=0, max_new_tokens=args.max_new_tokens)

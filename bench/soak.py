@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from machine import machine_line
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER_TITLE = "WorkerHost"
@@ -119,17 +120,6 @@ def growth_table(samples: list[dict], warmup: int, steps: int) -> list[dict]:
                      "rss_after_warmup_mb": round(base, 1), "rss_end_mb": round(end, 1),
                      "peak_mb": round(max(s["rss_mb"] for s in mine), 1), "growth": round(end / base - 1, 4)})
     return rows
-
-
-def machine_line() -> str:
-    import ray
-    import torch
-    import vllm
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return (f"{cpu}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; Python "
-            f"{platform.python_version()}, torch {torch.__version__}, ray {ray.__version__}, vllm {vllm.__version__}")
 
 
 def main() -> int:

@@ -43,6 +43,8 @@ from rlflow.trainer.config_loading import compose_ppo_config
 from rlflow.utils.device import limit_cpu_threads
 from rlflow.workers import ALL_TO_ALL, RayWorkerGroup, ResourcePool, WorkerSpec, init_ray, register, shutdown_ray
 
+from machine import machine_line
+
 
 class InWorkerLoopActor(Actor):
     """The baseline: the ``Actor`` role plus a whole update loop that runs inside the worker."""
@@ -110,6 +112,7 @@ def main() -> None:
     parser.add_argument("--response-len", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    print(machine_line())
     mini_rows = args.rows // args.mini_batches
     if mini_rows * args.mini_batches != args.rows or mini_rows % args.workers:
         parser.error("--rows must split into --mini-batches mini-batches, each a multiple of --workers rows")

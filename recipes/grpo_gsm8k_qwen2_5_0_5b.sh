@@ -48,6 +48,7 @@ args=(
   ref.engine.param_dtype=bfloat16
   ref.engine.use_dynamic_bsz=true
   ref.engine.max_token_len_per_micro_batch=32768
+  trainer.device=cuda                           # a GPU recipe: bf16 compute (a CPU without native bf16 refuses it)
   trainer.n_procs_per_node="$GPUS"              # one worker process per GPU
   trainer.total_epochs=15
   trainer.test_freq=5

@@ -239,6 +239,7 @@ class RunConfig:
     resume_from_path: Optional[str] = None
     max_ckpt_to_keep: Optional[int] = None
     max_consecutive_skipped_steps: int = 5  # abort after this many non-finite-gradient steps in a row; 0: never
+    allow_slow_half_precision: bool = False  # run bf16/fp16 compute on a CPU without native instructions for it (docs/platform.md)
     export_hf_dir: Optional[str] = None  # null: <default_local_dir>/hf
     plugins: list[str] = field(default_factory=list)  # modules / .py files every process imports first (docs/config.md)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)

@@ -274,6 +274,7 @@ RUN_ROWS: list[Row] = [
     ("trainer.max_ckpt_to_keep", "trainer.max_ckpt_to_keep", "verl's SFT name; its PPO has one per role (below)"),
     (None, "trainer.max_consecutive_skipped_steps", "stop after this many non-finite-gradient steps in a row"),
     (None, "trainer.export_hf_dir", "the final model as an HF folder"),
+    (None, "trainer.allow_slow_half_precision", "run bf16/fp16 on a CPU without native instructions for it"),
     (None, "trainer.plugins", "modules or .py files every process imports first"),
     ("trainer.external_lib", "trainer.external_lib", "merged into trainer.plugins"),
     *((None, f"trainer.timeouts.{key}", "seconds before a stuck phase stops the run")

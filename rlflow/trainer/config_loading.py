@@ -12,6 +12,7 @@ from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.engines.config import EngineConfigError
 from rlflow.engines.registry import EngineRegistry
 from rlflow.trainer.config_choices import Choice, check_choices, ppo_choices, sft_choices
+from rlflow.trainer.dtype_guard import ComputeDtypeKey, check_half_precision, ppo_dtype_keys, sft_dtype_keys
 from rlflow.trainer.timeouts import check_timeouts
 from rlflow.utils.plugins import import_plugins
 
@@ -58,23 +59,25 @@ def import_configured_plugins(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def _load(cfg: DictConfig, schema: type, engine_mounts: tuple[str, ...], choices: Callable[[tuple[str, ...]], list[Choice]]) -> DictConfig:
-    """Plugins first (they may register names), then keys and types, then every choice value and the timeouts."""
+def _load(cfg: DictConfig, schema: type, engine_mounts: tuple[str, ...], choices: Callable[[tuple[str, ...]], list[Choice]],
+          dtype_keys: Callable[[tuple[str, ...]], list[ComputeDtypeKey]]) -> DictConfig:
+    """Plugins first (they may register names), then keys and types, every choice value, the timeouts, bf16/fp16 on CPU."""
     cfg = import_configured_plugins(cfg)
     config = validate_config(cfg, schema, {path: _engine_schema_resolver(path) for path in engine_mounts})
     check_choices(config, choices(engine_mounts))
     check_timeouts(config.trainer.timeouts)
+    check_half_precision(config, dtype_keys(engine_mounts))
     return config
 
 
 def load_ppo_config(cfg: DictConfig) -> DictConfig:
     """Validate a composed ``ppo_trainer`` config; raises a ``UserError`` naming the bad key."""
-    return _load(cfg, PPOConfig, PPO_ENGINE_MOUNTS, ppo_choices)
+    return _load(cfg, PPOConfig, PPO_ENGINE_MOUNTS, ppo_choices, ppo_dtype_keys)
 
 
 def load_sft_config(cfg: DictConfig) -> DictConfig:
     """Validate a composed ``sft_trainer`` config; raises a ``UserError`` naming the bad key."""
-    return _load(cfg, SFTConfig, SFT_ENGINE_MOUNTS, sft_choices)
+    return _load(cfg, SFTConfig, SFT_ENGINE_MOUNTS, sft_choices, sft_dtype_keys)
 
 
 def compose_ppo_config(overrides: Sequence[str]) -> DictConfig:

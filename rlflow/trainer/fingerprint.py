@@ -57,6 +57,8 @@ FREE_KEYS: tuple[str, ...] = (
     "model.trust_remote_code", "rollout.trust_remote_code",
     # the divergence guard's limits (when to stop a run, not what it computes)
     "reward.max_error_fraction", "trainer.max_consecutive_skipped_steps",
+    # the switch that lets a slow CPU dtype run (the dtypes themselves change the math)
+    "trainer.allow_slow_half_precision",
     *(f"{mount}engine.{key}" for mount in ("", "*.") for key in (*_ENGINE_FREE, "trust_remote_code")),
 )
 

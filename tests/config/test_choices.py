@@ -65,7 +65,7 @@ def test_misspelled_sft_choice_names_its_key(key):
 
 def test_defaults_and_legal_variants_pass():
     config = compose_ppo_config(["algorithm.kl_penalty=k3+", "actor.kl_loss_type=low_var_kl+", "model.preset=null",
-                                 "actor.engine.param_dtype=bf16", "trainer.logger=[console,jsonl,tensorboard]"])
+                                 "actor.engine.param_dtype=bf16", "trainer.allow_slow_half_precision=true", "trainer.logger=[console,jsonl,tensorboard]"])
     assert config.algorithm.kl_penalty == "k3+"
     compose_sft_config(["trainer.launcher=torchrun", "data.truncation=left"])
 

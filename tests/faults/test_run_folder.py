@@ -115,7 +115,8 @@ def test_the_cli_refuses_a_locked_folder_with_exit_2_and_one_line(tmp_path):
 def test_free_and_math_keys():
     for key in ("trainer.total_training_steps", "trainer.logger", "trainer.save_freq", "trainer.n_procs_per_node",
                 "trainer.placement", "trainer.experiment_name", "trainer.default_local_dir", "actor.engine.micro_batch_size",
-                "engine.param_offload", "critic.engine.lr_scheduler.total_steps", "trainer.call_timeout_s"):
+                "engine.param_offload", "critic.engine.lr_scheduler.total_steps", "trainer.call_timeout_s",
+                "trainer.allow_slow_half_precision"):
         assert is_free(key), key
     for key in ("actor.engine.optimizer.lr", "algorithm.adv_estimator", "data.train_batch_size", "rollout.temperature",
                 "trainer.seed", "model.path", "actor.policy_loss.loss_mode", "engine.param_dtype", "a.new.key"):
