@@ -25,8 +25,8 @@ from rlflow.models.ensure import ensure_model
 from rlflow.models.loading import load_tokenizer
 from rlflow.observability.tracking import Tracking
 from rlflow.protocol import DataProto
-from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE
 from rlflow.rewards.manager import RewardManager
+from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE
 from rlflow.rollout import rollout_mismatch_metrics
 from rlflow.trainer.batch_balance import balance_batch
 from rlflow.trainer.checkpoint import CheckpointManager
