@@ -52,7 +52,7 @@ class InWorkerLoopActor(Actor):
     @register(dispatch_mode=ALL_TO_ALL)
     def update_in_worker(self, shards: list[DataProto]) -> list[dict[str, float]]:
         """``forward_backward`` then ``optim_step`` on each of this rank's mini-batch shards, locally."""
-        return [{**self.forward_backward(shard), **self.optim_step()} for shard in shards]
+        return [{**self.forward_backward(shard).meta_info["metrics"], **self.optim_step()} for shard in shards]
 
 
 def ppo_config(model_path: Path, mini_batch_rows: int, micro_batch_size: int, workers: int) -> Any:
@@ -92,7 +92,7 @@ def make_rollout_batch(rows: int, prompt_len: int, response_len: int, vocab: int
 
 def controller_update(actor: Any, minis: list[DataProto]) -> list[float]:
     """``PPOTrainer._update_actor``'s loop: two group calls per mini-batch. Returns the grad norms."""
-    return [{**actor.forward_backward(mini), **actor.optim_step()[0]}["actor/grad_norm"] for mini in minis]
+    return [{**actor.forward_backward(mini).meta_info["metrics"], **actor.optim_step()[0]}["actor/grad_norm"] for mini in minis]
 
 
 def in_worker_update(baseline: Any, minis: list[DataProto], ranks: int) -> list[float]:

@@ -61,6 +61,7 @@ class ActorConfig:
     ppo_mini_batch_size: int = 16  # in prompts; x rollout.n sequences per optimizer step
     ppo_epochs: int = 1
     shuffle: bool = True
+    recompute_old_log_probs: str = "auto"  # auto: reuse the update's forward when exactly on-policy | always
     clip_ratio: float = 0.2
     clip_ratio_low: Optional[float] = None
     clip_ratio_high: Optional[float] = None

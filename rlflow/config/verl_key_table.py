@@ -142,6 +142,7 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (f"{ACTOR}ppo_mini_batch_size", "actor.ppo_mini_batch_size", "in prompts, as in verl"),
         (f"{ACTOR}ppo_epochs", "actor.ppo_epochs", ""),
         (f"{ACTOR}shuffle", "actor.shuffle", "verl's default false, rlflow's true"),
+        (None, "actor.recompute_old_log_probs", "verl always recomputes; rlflow's auto reuses the update's forward when exactly on-policy"),
         (f"{ACTOR}clip_ratio", "actor.clip_ratio", ""),
         (f"{ACTOR}clip_ratio_low", "actor.clip_ratio_low", "null: clip_ratio"),
         (f"{ACTOR}clip_ratio_high", "actor.clip_ratio_high", "null: clip_ratio"),

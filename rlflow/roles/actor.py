@@ -9,8 +9,8 @@ from typing import Any, Optional
 from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch
-from rlflow.roles.engine_role import EngineRole, renamed_or_empty, response_log_probs
-from rlflow.roles.losses import make_policy_loss_fn
+from rlflow.roles.engine_role import EngineRole, renamed_or_empty, response_columns, response_log_probs
+from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, make_policy_loss_fn
 from rlflow.rollout import publish_weights
 from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
 
@@ -36,17 +36,28 @@ class Actor(EngineRole):
         return renamed_or_empty(out, ["log_probs", "entropy"], ["old_log_probs", "entropys"])
 
     @register(dispatch_mode=DP_COMPUTE, mesh=ACTOR_MESH)
-    def forward_backward(self, data: DataProto) -> dict[str, float]:
-        """Accumulate the policy-loss gradient of one mini-batch (this rank's share of it)."""
-        extra = POLICY_INPUTS + (("ref_log_prob",) if self.actor_config.use_kl_loss else ())
+    def forward_backward(self, data: DataProto) -> DataProto:
+        """Accumulate the policy-loss gradient of one mini-batch (this rank's share of it).
+
+        Returns the update forward's ``log_probs`` (and ``entropy``) ``[B, R]`` of the rows, in
+        their order, with the ``actor/...`` metrics in ``meta_info["metrics"]``. With
+        ``meta_info[OLD_LOG_PROBS_FROM_UPDATE]`` the batch needs no ``old_log_probs`` (the loss
+        takes the detached current ones) and entropy is always computed (the step's metric).
+        """
+        on_policy = bool(data.meta_info.get(OLD_LOG_PROBS_FROM_UPDATE, False))
+        inputs = ("advantages",) if on_policy else POLICY_INPUTS
+        extra = inputs + (("ref_log_prob",) if self.actor_config.use_kl_loss else ())
         view = engine_batch(data, extra_keys=extra)
         view.meta_info = {
             "temperature": data.meta_info.get("temperature", 1.0),
-            "compute_entropy": self.actor_config.entropy_coeff != 0,
+            "compute_entropy": on_policy or self.actor_config.entropy_coeff != 0,
+            OLD_LOG_PROBS_FROM_UPDATE: on_policy,
         }
         with self.engine.train_mode():
-            _, metrics = self.engine.forward_backward(view, self.loss_fn)
-        return {key: value for key, value in metrics.items() if key.startswith("actor/")}
+            outputs, metrics = self.engine.forward_backward(view, self.loss_fn)
+        result = response_columns(outputs, data) if self.engine.mesh.is_collect else DataProto()
+        result.meta_info["metrics"] = {key: value for key, value in metrics.items() if key.startswith("actor/")}
+        return result
 
     @register(dispatch_mode=ONE_TO_ALL)
     def optim_step(self, lr: Optional[float] = None) -> dict[str, float]:

@@ -39,8 +39,11 @@ def response_log_probs(engine: BaseEngine, data: DataProto, temperature: float, 
     view = engine_batch(data)
     view.meta_info = {"temperature": temperature, "compute_entropy": with_entropy}
     outputs = forward_only(engine, view)
-    if outputs is None:
-        return None
+    return None if outputs is None else response_columns(outputs, data)
+
+
+def response_columns(outputs: DataProto, data: DataProto) -> DataProto:
+    """The response columns ``[B, R]`` of an engine's per-token ``outputs`` ``[B, T]`` for the RL batch ``data``."""
     length = response_length(data)
     return DataProto.from_dict({key: response_slice(value, length) for key, value in outputs.batch.items()})
 

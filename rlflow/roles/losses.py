@@ -19,6 +19,10 @@ from rlflow.engines.base import LossContext, LossFn
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import response_length, response_slice, state_values_slice
 
+# ``meta_info`` flag of an on-policy update batch: its old log-probs are the update forward's own
+# (detached), so the batch carries no ``old_log_probs`` (docs/algorithms.md, "Old log-probs").
+OLD_LOG_PROBS_FROM_UPDATE = "old_log_probs_from_update"
+
 
 def global_batch_info(ctx: LossContext) -> dict[str, int]:
     """``agg_loss`` keyword arguments for global normalization."""
@@ -30,7 +34,12 @@ def _share(value: torch.Tensor, ctx: LossContext) -> float:
 
 
 def make_policy_loss_fn(actor_config: Any) -> LossFn:
-    """PPO-family policy loss (``actor.policy_loss.loss_mode``) + entropy bonus + optional KL loss."""
+    """PPO-family policy loss (``actor.policy_loss.loss_mode``) + entropy bonus + optional KL loss.
+
+    The old log-probs are ``micro.batch["old_log_probs"]``, or the detached current ones when
+    ``micro.meta_info[OLD_LOG_PROBS_FROM_UPDATE]`` is set. Entropy, when the engine computed it,
+    is reported as ``actor/entropy`` and enters the loss only with a non-zero ``entropy_coeff``.
+    """
     policy_loss = get_policy_loss_fn(actor_config.policy_loss.loss_mode)
     agg_mode = actor_config.loss_agg_mode
     plain_config = SimpleNamespace(**_plain(actor_config))  # once: attribute reads on a DictConfig are slow
@@ -41,15 +50,16 @@ def make_policy_loss_fn(actor_config: Any) -> LossFn:
         log_prob = response_slice(outputs["log_probs"], length)
         info = global_batch_info(ctx)
         loss_config = WithGlobalBatchInfo(plain_config, info)
-        pg_loss, metrics = policy_loss(
-            micro.batch["old_log_probs"], log_prob, micro.batch["advantages"], mask, agg_mode, loss_config
-        )
+        on_policy = micro.meta_info.get(OLD_LOG_PROBS_FROM_UPDATE, False)
+        old_log_prob = log_prob.detach() if on_policy else micro.batch["old_log_probs"]
+        pg_loss, metrics = policy_loss(old_log_prob, log_prob, micro.batch["advantages"], mask, agg_mode, loss_config)
         loss = pg_loss
         metrics = {**metrics, "actor/pg_loss": _share(pg_loss, ctx)}
         if "entropy" in outputs:
             entropy = agg_loss(response_slice(outputs["entropy"], length), mask, agg_mode, **info)
-            loss = loss - actor_config.entropy_coeff * entropy
             metrics["actor/entropy"] = _share(entropy, ctx)
+            if actor_config.entropy_coeff != 0:
+                loss = loss - actor_config.entropy_coeff * entropy
         if actor_config.use_kl_loss:
             token_kl = kl_penalty(log_prob, micro.batch["ref_log_prob"], actor_config.kl_loss_type)
             kl_loss = agg_loss(token_kl, mask, agg_mode, **info)

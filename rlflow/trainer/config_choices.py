@@ -36,6 +36,7 @@ from rlflow.rollout import ROLLOUT_REGISTRY
 from rlflow.rollout.processing import PROMPT_OVERFLOW_POLICIES
 from rlflow.rollout.sampling import LOGPROBS_MODES
 from rlflow.trainer.checkpoint import RESUME_MODES
+from rlflow.trainer.old_log_probs import RECOMPUTE_MODES
 from rlflow.trainer.placement import PLACEMENTS
 from rlflow.utils.device import DEVICES
 from rlflow.utils.registry import Registry
@@ -111,6 +112,7 @@ def ppo_choices(engine_mounts: Iterable[str]) -> list[Choice]:
         Choice("critic.loss_agg_mode", LOSS_AGG_REGISTRY),
         Choice("actor.kl_loss_type", KL_ESTIMATOR_REGISTRY, _kl_base),
         Choice("actor.policy_loss.loss_mode", POLICY_LOSS_REGISTRY),
+        Choice("actor.recompute_old_log_probs", RECOMPUTE_MODES),
         Choice("rollout.name", ROLLOUT_REGISTRY),
         Choice("rollout.logprobs_mode", LOGPROBS_MODES),
         Choice("rollout.prompt_overflow", PROMPT_OVERFLOW_POLICIES),

@@ -2,7 +2,9 @@
 
 Each step: generate -> reward -> old log-probs -> ref log-probs (KL) -> values (GAE) ->
 KL-in-reward -> advantages -> critic update -> actor update (controller loop, two worker
-round trips per mini-batch) -> weight sync. The controller holds no model weights.
+round trips per mini-batch) -> weight sync. An exactly on-policy update takes the old
+log-probs from its own forward instead of a separate pass (``old_log_probs.py``). The
+controller holds no model weights.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from rlflow.models.loading import load_tokenizer
 from rlflow.observability.tracking import Tracking
 from rlflow.protocol import DataProto
 from rlflow.rewards.manager import RewardManager
+from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE
 from rlflow.rollout import rollout_mismatch_metrics
 from rlflow.trainer.batch_balance import balance_batch
 from rlflow.trainer.checkpoint import CheckpointManager
 from rlflow.trainer.divergence import DivergenceGuard
+from rlflow.trainer.old_log_probs import in_batch_order, recompute_reason
 from rlflow.trainer.placement import PlacedRoles, check_role_model_folders, place_roles
 from rlflow.trainer.ppo_metrics import data_metrics, throughput_metrics, validation_metrics
 from rlflow.trainer.preemption import PreemptionFlag
@@ -42,6 +46,7 @@ from rlflow.workers import init_ray, shutdown_ray
 logger = get_logger(__name__)
 
 ACTOR_UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs", "advantages")
+ROW_INDEX = "row_index"  # an on-policy update batch's row numbers, to put the update forward's outputs back in order
 
 
 def run_ppo(config: DictConfig) -> None:
@@ -80,6 +85,10 @@ class PPOTrainer:
         self.scorer = ResponseScorer(self.reward_manager, config.reward)
         self.guard = DivergenceGuard.from_config(config)
         self.checkpoints = CheckpointManager.for_run(config)
+        reason = recompute_reason(config, self.model_path)
+        self.old_log_probs_from_update = reason is None
+        logger.info("old log-probs: %s", "from the update's forward (exactly on-policy)" if reason is None
+                    else f"a separate forward pass ({reason})")
         set_seed(config.trainer.seed)
         self.roles: Optional[PlacedRoles] = None
         self.tracking: Optional[Tracking] = None
@@ -171,21 +180,23 @@ class PPOTrainer:
             batch = balance_batch(batch, self.world_size)
             with timed("reward", timings):
                 batch.batch["token_level_scores"] = self._score(batch, metrics)
+            update_actor = step > cfg.critic.warmup_steps or not self.use_critic
+            reuse = self.old_log_probs_from_update and update_actor  # the update's forward gives the old log-probs
             with timed("log_probs_and_values", timings):
-                for result in self._forward_passes(batch):
+                for result in self._forward_passes(batch, old_log_probs=not reuse):
                     batch.union(result.get())
-            metrics.update(rollout_mismatch_metrics(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
-                                                    batch.batch["response_mask"]))
             with timed("adv", timings):
                 metrics.update(self._compute_advantages(batch, prompts))
             if self.use_critic:
                 with timed("update_critic", timings):
                     metrics.update(self._update_critic(batch, step))
-            if step > cfg.critic.warmup_steps or not self.use_critic:
+            if update_actor:
                 with timed("update_actor", timings):
-                    metrics.update(self._update_actor(batch, step))
+                    metrics.update(self._update_actor(batch, step, reuse))
                 with timed("weight_sync", timings):
                     metrics.update(roles.sync_weights(cfg.rollout))
+        metrics.update(rollout_mismatch_metrics(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
+                                                batch.batch["response_mask"]))
         metrics.update(data_metrics(batch, use_critic=self.use_critic))
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timings.items()})
         metrics.update(throughput_metrics(batch, timings, self.world_size))
@@ -200,14 +211,15 @@ class PPOTrainer:
         metrics.update(self.guard.check_reward_errors(int(metrics["reward/error_count"]), len(batch), self.scorer.scorer_name))
         return scores
 
-    def _forward_passes(self, batch: DataProto) -> list:
-        """Start the independent forward passes (old log-probs, ref log-probs, values) at once.
+    def _forward_passes(self, batch: DataProto, old_log_probs: bool) -> list:
+        """Start the independent forward passes (old log-probs unless the update gives them, ref
+        log-probs, values) at once.
 
         They are futures: with split placement the actor, reference and critic pools compute in
         parallel; colocated, each process runs them one after the other.
         """
         roles = self.roles
-        passes = [roles.actor.compute_log_prob.future(batch)]
+        passes = [roles.actor.compute_log_prob.future(batch)] if old_log_probs else []
         if self.use_ref:
             passes.append(roles.ref.compute_ref_log_prob.future(batch))
         if self.use_critic:
@@ -246,18 +258,31 @@ class PPOTrainer:
         by_uid = dict(zip(greedy.non_tensor_batch["uid"].tolist(), scores.sum(-1).tolist()))
         return torch.tensor([by_uid[uid] for uid in batch.non_tensor_batch["uid"].tolist()], dtype=torch.float32)
 
-    def _update_actor(self, batch: DataProto, step: int) -> dict[str, float]:
-        """PPO epochs x shuffled mini-batches: ``forward_backward`` then ``optim_step`` for each."""
+    def _update_actor(self, batch: DataProto, step: int, old_log_probs_from_update: bool) -> dict[str, float]:
+        """PPO epochs x shuffled mini-batches: ``forward_backward`` then ``optim_step`` for each.
+
+        With ``old_log_probs_from_update`` (one epoch, one mini-batch) the loss takes the forward's
+        own log-probs as old, and they and its entropy become the batch's ``old_log_probs`` and
+        ``entropys``, in batch row order.
+        """
         actor_cfg = self.config.actor
         keys = ACTOR_UPDATE_KEYS + (("ref_log_prob",) if actor_cfg.use_kl_loss else ())
+        if old_log_probs_from_update:
+            keys = tuple(key for key in keys if key != "old_log_probs")
         update = batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=["temperature"])
+        if old_log_probs_from_update:
+            update.batch[ROW_INDEX] = torch.arange(len(update))
+            update.meta_info[OLD_LOG_PROBS_FROM_UPDATE] = True
         mini_batch = actor_cfg.ppo_mini_batch_size * self.config.rollout.n
         step_metrics, guard_metrics = [], {}
         for mini in update.make_iterator(mini_batch, actor_cfg.ppo_epochs, actor_cfg.shuffle, seed=self.config.trainer.seed + step):
-            losses = self.roles.actor.forward_backward(mini)
+            outputs = self.roles.actor.forward_backward(mini)
             optim = self.roles.actor.optim_step()[0]
             guard_metrics = self.guard.check_optim_step("actor", optim["actor/skipped"] > 0)
-            step_metrics.append({**losses, **optim})
+            step_metrics.append({**outputs.meta_info["metrics"], **optim})
+        if old_log_probs_from_update:  # exactly one mini-batch: ``mini`` and ``outputs`` cover the whole batch
+            forward = in_batch_order(outputs, mini.batch[ROW_INDEX])
+            batch.batch.update(old_log_probs=forward.batch["log_probs"], entropys=forward.batch["entropy"])
         return {**mean_per_key(step_metrics), **guard_metrics}
 
     def _update_critic(self, batch: DataProto, step: int) -> dict[str, float]:

@@ -21,7 +21,7 @@ from rlflow.roles.actor import Actor
 from rlflow.roles.actor_rollout_ref import ActorRolloutRef
 from rlflow.roles.critic import Critic
 from rlflow.roles.engine_role import response_log_probs
-from rlflow.roles.losses import make_policy_loss_fn
+from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, make_policy_loss_fn
 from rlflow.roles.reward_model import RewardModel
 
 PROMPT, RESPONSE, ROWS = 3, 4, 2
@@ -135,3 +135,74 @@ def test_policy_loss_converts_the_config_once_and_matches_the_registered_loss():
     )
     for loss in losses:
         torch.testing.assert_close(loss, expected, rtol=0, atol=0)
+
+
+def _policy_config(entropy_coeff: float = 0.0) -> SimpleNamespace:
+    return SimpleNamespace(
+        policy_loss=SimpleNamespace(loss_mode="vanilla"), loss_agg_mode="token-mean", clip_ratio=0.2,
+        clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0, entropy_coeff=entropy_coeff, use_kl_loss=False,
+    )
+
+
+def test_on_policy_loss_takes_the_detached_current_log_probs_as_old():
+    """Flagged batch: no ``old_log_probs`` needed, ratio 1, ``ppo_kl`` exactly 0, and the same loss and
+    gradient as passing the current log-probs as old explicitly."""
+    loss_fn = make_policy_loss_fn(_policy_config())
+    torch.manual_seed(0)
+    data = rl_batch()
+    data.batch["advantages"] = torch.randn(ROWS, RESPONSE)
+    log_probs = (-torch.rand(ROWS, PROMPT + RESPONSE)).requires_grad_()
+    entropy = torch.rand(ROWS, PROMPT + RESPONSE, requires_grad=True)
+    ctx = LossContext(global_num_tokens=ROWS * RESPONSE, global_num_seqs=ROWS, dp_size=1, num_micro_batches=1, micro_batch_index=0)
+    on_policy = DataProto(dict(data.batch), {}, {OLD_LOG_PROBS_FROM_UPDATE: True})
+    loss, metrics = loss_fn({"log_probs": log_probs, "entropy": entropy}, on_policy, ctx)
+    grad, entropy_grad = torch.autograd.grad(loss, [log_probs, entropy], allow_unused=True)
+    assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
+    assert "actor/entropy" in metrics and entropy_grad is None  # reported, not in a loss with entropy_coeff 0
+
+    explicit = DataProto(dict(data.batch), {}, {})
+    explicit.batch["old_log_probs"] = log_probs[:, PROMPT:].detach().clone()
+    expected, _ = loss_fn({"log_probs": log_probs}, explicit, ctx)
+    (expected_grad,) = torch.autograd.grad(expected, log_probs)
+    torch.testing.assert_close(loss, expected, rtol=0, atol=0)
+    torch.testing.assert_close(grad, expected_grad, rtol=0, atol=0)
+
+
+class RecordingEngine(StandInEngine):
+    """A training stand-in: records the view and runs the loss once on it."""
+
+    def __init__(self, is_collect: bool):
+        super().__init__(is_collect)
+        self.views: list[DataProto] = []
+
+    def train_mode(self):
+        return nullcontext()
+
+    def forward_backward(self, batch: DataProto, loss_fn=None, forward_only: bool = False):
+        self.views.append(batch)
+        outputs, _ = super().forward_backward(batch)
+        shape = batch.batch["input_ids"].shape
+        ctx = LossContext(global_num_tokens=int(batch.batch["response_mask"].sum()), global_num_seqs=shape[0],
+                          dp_size=1, num_micro_batches=1, micro_batch_index=0)
+        _, metrics = loss_fn({"log_probs": -torch.ones(shape), "entropy": torch.ones(shape)}, batch, ctx)
+        return outputs, {**metrics, "loss": 0.0}
+
+
+@pytest.mark.parametrize("on_policy", [True, False])
+def test_actor_forward_backward_hands_back_the_update_forward_per_token(on_policy):
+    data = rl_batch()
+    data.batch["advantages"] = torch.randn(ROWS, RESPONSE)
+    if not on_policy:
+        data.batch["old_log_probs"] = -torch.ones(ROWS, RESPONSE)
+    data.meta_info = {"temperature": 0.7, OLD_LOG_PROBS_FROM_UPDATE: on_policy}
+    config = _policy_config()
+    collecting = SimpleNamespace(engine=RecordingEngine(True), actor_config=config, loss_fn=make_policy_loss_fn(config))
+    out = Actor.forward_backward(collecting, data)
+    view = collecting.engine.views[0]
+    assert ("old_log_probs" in view.batch) is not on_policy
+    assert view.meta_info["compute_entropy"] is on_policy  # the entropy metric comes from the update then
+    assert out.batch["log_probs"].shape == out.batch["entropy"].shape == (ROWS, RESPONSE)
+    assert out.meta_info["metrics"]["actor/ppo_kl"] == 0.0 and "loss" not in out.meta_info["metrics"]
+    silent = SimpleNamespace(engine=RecordingEngine(False), actor_config=config, loss_fn=make_policy_loss_fn(config))
+    empty = Actor.forward_backward(silent, data)
+    assert len(empty) == 0 and "actor/pg_loss" in empty.meta_info["metrics"]

@@ -1,0 +1,81 @@
+"""Where a PPO step's old log-probs come from: a separate forward pass, or the update's own forward.
+
+When the actor update is exactly on-policy - one PPO epoch over one mini-batch that is the
+whole rollout batch - and nothing reads the old log-probs before the update, the old
+log-probs are the update forward's own log-probs: gradients accumulate over the micro-batches
+but no optimizer step runs before every row has been through the forward, so the weights
+that would compute the old log-probs are the weights of the update forward. The policy loss
+then takes the detached current log-probs as old (ratio exactly 1, ``ppo_kl`` exactly 0), and
+the separate forward pass is skipped. ``actor.recompute_old_log_probs`` picks the policy:
+
+* ``auto``: reuse the update's forward where ``recompute_reason`` finds nothing against it;
+* ``always``: always run the separate forward pass.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from rlflow.protocol import DataProto
+
+RECOMPUTE_MODES = ("auto", "always")
+
+# Model config keys whose non-zero value makes a training-mode forward differ from an
+# evaluation-mode one (the separate pass runs in evaluation mode, the update in training mode).
+TRAIN_MODE_ONLY_KEY_PARTS = ("dropout", "pdrop", "jitter")
+
+# (why the old log-probs must be recomputed, whether that holds for a config); checked in order.
+RecomputeRule = tuple[str, Callable[[Any], bool]]
+RECOMPUTE_RULES: tuple[RecomputeRule, ...] = (
+    ("actor.recompute_old_log_probs=always", lambda cfg: cfg.actor.recompute_old_log_probs == "always"),
+    ("actor.ppo_epochs > 1: later epochs run after optimizer steps",
+     lambda cfg: cfg.actor.ppo_epochs != 1),
+    ("actor.ppo_mini_batch_size < data.train_batch_size: later mini-batches run after optimizer steps",
+     lambda cfg: cfg.actor.ppo_mini_batch_size != cfg.data.train_batch_size),
+    ("algorithm.use_kl_in_reward: the KL penalty reads the old log-probs before the update",
+     lambda cfg: bool(cfg.algorithm.use_kl_in_reward)),
+)
+
+
+def train_mode_only_settings(model_path: str | Path) -> dict[str, float]:
+    """Non-zero dropout-like settings in ``model_path``'s ``config.json`` (nested configs included)."""
+    config_file = Path(model_path) / "config.json"
+    if not config_file.is_file():
+        return {}
+    found: dict[str, float] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 \
+                    and any(part in key.lower() for part in TRAIN_MODE_ONLY_KEY_PARTS):
+                found[f"{prefix}{key}"] = float(value)
+
+    walk(json.loads(config_file.read_text()), "")
+    return found
+
+
+def recompute_reason(config: Any, model_path: Optional[str | Path] = None) -> Optional[str]:
+    """Why this run must compute the old log-probs in a separate forward pass; ``None``: reuse the update's.
+
+    ``model_path`` (the actor's HF folder) is checked for dropout: a training-mode forward with
+    dropout does not give the evaluation-mode log-probs.
+    """
+    for reason, applies in RECOMPUTE_RULES:
+        if applies(config):
+            return reason
+    settings = train_mode_only_settings(model_path) if model_path is not None else {}
+    if settings:
+        named = ", ".join(f"{key}={value:g}" for key, value in sorted(settings.items()))
+        return f"the model has dropout ({named}): the update forward runs in training mode"
+    return None
+
+
+def in_batch_order(outputs: DataProto, rows: torch.Tensor) -> DataProto:
+    """``outputs`` of a mini-batch that holds batch ``rows`` (in that order), put back in batch row order."""
+    return outputs[torch.argsort(rows)]
