@@ -39,10 +39,11 @@ class Actor(EngineRole):
     def forward_backward(self, data: DataProto) -> DataProto:
         """Accumulate the policy-loss gradient of one mini-batch (this rank's share of it).
 
-        Returns the update forward's ``log_probs`` (and ``entropy``) ``[B, R]`` of the rows, in
-        their order, with the ``actor/...`` metrics in ``meta_info["metrics"]``. With
+        Returns the ``actor/...`` metrics in ``meta_info["metrics"]``. With
         ``meta_info[OLD_LOG_PROBS_FROM_UPDATE]`` the batch needs no ``old_log_probs`` (the loss
-        takes the detached current ones) and entropy is always computed (the step's metric).
+        takes the detached current ones), entropy is always computed (the step's metric), and the
+        result also holds the update forward's ``log_probs`` and ``entropy`` ``[B, R]`` of the rows,
+        in their order; otherwise no per-token column travels back to the driver.
         """
         on_policy = bool(data.meta_info.get(OLD_LOG_PROBS_FROM_UPDATE, False))
         inputs = ("advantages",) if on_policy else POLICY_INPUTS
@@ -55,7 +56,7 @@ class Actor(EngineRole):
         }
         with self.engine.train_mode():
             outputs, metrics = self.engine.forward_backward(view, self.loss_fn)
-        result = response_columns(outputs, data) if self.engine.mesh.is_collect else DataProto()
+        result = response_columns(outputs, data) if on_policy and self.engine.mesh.is_collect else DataProto()
         result.meta_info["metrics"] = {key: value for key, value in metrics.items() if key.startswith("actor/")}
         return result
 

@@ -189,7 +189,7 @@ class RecordingEngine(StandInEngine):
 
 
 @pytest.mark.parametrize("on_policy", [True, False])
-def test_actor_forward_backward_hands_back_the_update_forward_per_token(on_policy):
+def test_actor_forward_backward_hands_back_the_update_forward_per_token_when_on_policy(on_policy):
     data = rl_batch()
     data.batch["advantages"] = torch.randn(ROWS, RESPONSE)
     if not on_policy:
@@ -201,7 +201,10 @@ def test_actor_forward_backward_hands_back_the_update_forward_per_token(on_polic
     view = collecting.engine.views[0]
     assert ("old_log_probs" in view.batch) is not on_policy
     assert view.meta_info["compute_entropy"] is on_policy  # the entropy metric comes from the update then
-    assert out.batch["log_probs"].shape == out.batch["entropy"].shape == (ROWS, RESPONSE)
+    if on_policy:  # the update forward's columns become the batch's old log-probs and entropy
+        assert out.batch["log_probs"].shape == out.batch["entropy"].shape == (ROWS, RESPONSE)
+    else:  # the driver has them from the separate pass: nothing per-token travels back
+        assert set(out.batch) == set()
     assert out.meta_info["metrics"]["actor/ppo_kl"] == 0.0 and "loss" not in out.meta_info["metrics"]
     silent = SimpleNamespace(engine=RecordingEngine(False), actor_config=config, loss_fn=make_policy_loss_fn(config))
     empty = Actor.forward_backward(silent, data)
