@@ -21,8 +21,10 @@ at the largest N are ``val-core``; everything else is ``val-aux``.
 
 from __future__ import annotations
 
+import functools
+
 from collections import defaultdict
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -41,9 +43,13 @@ def subset_sizes(n: int) -> list[int]:
     return sizes + [n] if n > 1 else []
 
 
+@functools.lru_cache(maxsize=64)
 def bootstrap_draws(n: int, k: int, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
-    """``[BOOTSTRAP_DRAWS, k]`` sample indices drawn with replacement from ``range(n)``."""
-    return np.random.RandomState(seed).choice(n, size=(BOOTSTRAP_DRAWS, k), replace=True)
+    """``[BOOTSTRAP_DRAWS, k]`` sample indices drawn with replacement from ``range(n)`` (the same for every
+    prompt with ``n`` samples, so drawn once; read-only)."""
+    draws = np.random.RandomState(seed).choice(n, size=(BOOTSTRAP_DRAWS, k), replace=True)
+    draws.flags.writeable = False
+    return draws
 
 
 def majority_value(values: Sequence[float], answers: Sequence[Optional[str]]) -> float:
@@ -56,8 +62,7 @@ def majority_value(values: Sequence[float], answers: Sequence[Optional[str]]) ->
     return first_value[max(counts, key=counts.__getitem__)]
 
 
-def _draw_stats(draws: np.ndarray, reduce: Callable[[np.ndarray], float]) -> tuple[float, float]:
-    results = np.array([reduce(draw) for draw in draws], dtype=np.float64)
+def _stats(results: np.ndarray) -> tuple[float, float]:
     return float(results.mean()), float(results.std())
 
 
@@ -71,13 +76,12 @@ def prompt_metrics(values: Sequence[float], answers: Optional[Sequence[Optional[
     metrics[f"std@{n}"] = float(array.std())
     for k in subset_sizes(n):
         draws = bootstrap_draws(n, k, seed)
-        for name, reduce in (("best", np.max), ("worst", np.min)):
-            metrics[f"{name}@{k}/mean"], metrics[f"{name}@{k}/std"] = _draw_stats(array[draws], reduce)
+        drawn = array[draws]  # [draws, k]
+        metrics[f"best@{k}/mean"], metrics[f"best@{k}/std"] = _stats(drawn.max(axis=1))
+        metrics[f"worst@{k}/mean"], metrics[f"worst@{k}/std"] = _stats(drawn.min(axis=1))
         if answers is not None:
-            def vote(draw: np.ndarray) -> float:
-                return majority_value(array[draw], [answers[i] for i in draw])
-
-            metrics[f"maj@{k}/mean"], metrics[f"maj@{k}/std"] = _draw_stats(draws, vote)
+            votes = [majority_value(array[draw], [answers[i] for i in draw]) for draw in draws]
+            metrics[f"maj@{k}/mean"], metrics[f"maj@{k}/std"] = _stats(np.asarray(votes, dtype=np.float64))
     return metrics
 
 
