@@ -60,8 +60,9 @@ test: install
 test-full: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The soak is long (100 steps) and has its own target; bench/machine.py is the machine line the benches print.
-BENCHES := $(filter-out bench/soak.py bench/machine.py,$(wildcard bench/*.py))
+# The soak is long (100 steps) and has its own target; bench/machine.py (the machine line) and bench/results.py
+# (the result file) are shared by the benches.
+BENCHES := $(filter-out bench/soak.py bench/machine.py bench/results.py,$(wildcard bench/*.py))
 
 bench: install
 	@set -e; for script in $(BENCHES); do echo "== $$script"; $(PY) $$script; done
