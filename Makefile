@@ -3,7 +3,7 @@
 #   make demo      install if needed, then the main job: SFT + GRPO on a tiny model (recipes/demo.sh)
 #   make test      install if needed, then the test suite (tests marked `full` deselected: CI's tier)
 #   make test-full install if needed, then every test, the `full` tier included
-#   make bench     install if needed, then the benchmarks under bench/ (all but the soak)
+#   make bench     install if needed, then the benchmarks (BENCH_NAMES) and docs/benchmarks.md from their results
 #   make soak      install if needed, then 100 GRPO steps recording every process's memory (bench/soak.py)
 # DEVICE=cpu|cuda overrides the detection (nvidia-smi listing a GPU means cuda).
 
@@ -60,12 +60,21 @@ test: install
 test-full: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The soak is long (100 steps) and has its own target; bench/machine.py (the machine line) and bench/results.py
-# (the result file) are shared by the benches.
-BENCHES := $(filter-out bench/soak.py bench/machine.py bench/results.py,$(wildcard bench/*.py))
+# A bench is a file bench/<name>.py whose <name> is listed in BENCH_NAMES (in report order); every other
+# file under bench/ is a helper (machine.py, results.py, report.py, ...) and never runs on its own here.
+# A new bench is added to this list. The soak is long (100 steps) and has its own target.
+# Each bench writes outputs/bench/<name>.json; bench/report.py turns them into docs/benchmarks.md and its
+# PNG, with "not run" for a listed bench whose file or result is missing. A failed bench does not stop
+# the others; `make bench` then exits non-zero after writing the report.
+BENCH_NAMES := grpo_vs_trl engine_throughput rollout_throughput weight_sync dispatch_overhead update_overhead scaling
+BENCHES := $(wildcard $(addprefix bench/,$(addsuffix .py,$(BENCH_NAMES))))
 
 bench: install
-	@set -e; for script in $(BENCHES); do echo "== $$script"; $(PY) $$script; done
+	@mkdir -p outputs/bench; failed=""; \
+	for script in $(BENCHES); do name=$$(basename $$script .py); echo "== $$script"; rm -f outputs/bench/$$name.json; \
+	  $(PY) $$script --json outputs/bench/$$name.json || failed="$$failed $$name"; done; \
+	$(PY) bench/report.py --benches $(BENCH_NAMES); \
+	if [ -n "$$failed" ]; then echo "benches that failed:$$failed"; exit 1; fi
 
 soak: install
 	$(PY) bench/soak.py
