@@ -6,6 +6,7 @@ interleaved so machine load hits all contenders alike. Prints tokens/s per conte
 and each engine's ratio to the plain loop (target >= 0.9).
 
     python bench/engine_throughput.py [--size small] [--rows 8] [--seq-len 256] [--rounds 3] [--engines NAME ...]
+                                      [--json PATH]
 
 The engines are every registered one (``EngineRegistry.names()``) unless ``--engines`` names some.
 """
@@ -29,6 +30,9 @@ from rlflow.protocol import DataProto
 from rlflow.utils.device import limit_cpu_threads
 
 from machine import machine_line
+from results import BenchResult, Row, write_result
+
+TARGET = 0.9
 
 
 def make_batch(rows: int, seq_len: int, vocab: int) -> DataProto:
@@ -83,6 +87,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps-per-round", type=int, default=3)
     parser.add_argument("--engines", nargs="*", default=EngineRegistry.names(), help="default: every registered engine")
+    parser.add_argument("--json", default=None, help="write the result file (bench/results.py) here")
     args = parser.parse_args()
     print(machine_line())
     limit_cpu_threads(1)
@@ -103,12 +108,19 @@ def main() -> None:
                 seconds[name].append((time.perf_counter() - start) / args.steps_per_round)
     tokens = args.rows * args.seq_len
     speed = {name: tokens / statistics.median(times) for name, times in seconds.items()}
-    print(f"model preset={args.size}, batch {args.rows} x {args.seq_len} tokens, fp32, 1 thread, world size 1")
+    settings = f"model preset={args.size}, batch {args.rows} x {args.seq_len} tokens, fp32, 1 thread, world size 1"
+    print(settings)
+    result = BenchResult(bench="engine_throughput", title="Engine training throughput vs a plain PyTorch loop",
+                         notes=[settings, f"medians of {args.rounds} interleaved rounds of {args.steps_per_round} steps"])
     for name, tokens_per_s in speed.items():
         ratio = tokens_per_s / speed["plain"]
-        verdict = "" if name == "plain" else f"  ratio vs plain {ratio:.3f} ({'ok' if ratio >= 0.9 else 'below'} target 0.9)"
+        verdict = "" if name == "plain" else f"  ratio vs plain {ratio:.3f} ({'ok' if ratio >= TARGET else 'below'} target {TARGET})"
         print(f"  {name:8s} {tokens_per_s:9.0f} tokens/s{verdict}")
-
+        if name != "plain":
+            result.rows.append(Row(name=f"{name} forward+backward+AdamW", value=tokens_per_s, baseline_name="plain loop",
+                                   baseline=speed["plain"], unit="tokens/s", ratio=ratio, ratio_meaning="value / baseline",
+                                   target=f">= {TARGET}", met=ratio >= TARGET))
+    write_result(args.json, result)
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 """Cost of driving the actor update from the controller: two Ray round trips per mini-batch.
 
     python bench/update_overhead.py [--workers 1] [--rows 256] [--mini-batches 4] [--micro-batch-size 16] [--repeats 5]
+                                  [--json PATH]
 
 The PPO driver (``PPOTrainer._update_actor``) runs the update Tinker-style: for each
 mini-batch it calls ``actor.forward_backward(mini)`` (``DP_COMPUTE``) and then
@@ -44,6 +45,7 @@ from rlflow.utils.device import limit_cpu_threads
 from rlflow.workers import ALL_TO_ALL, RayWorkerGroup, ResourcePool, WorkerSpec, init_ray, register, shutdown_ray
 
 from machine import machine_line
+from results import BenchResult, Row, write_result
 
 
 class InWorkerLoopActor(Actor):
@@ -111,6 +113,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--response-len", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", default=None, help="write the result file (bench/results.py) here (informational rows)")
     args = parser.parse_args()
     print(machine_line())
     mini_rows = args.rows // args.mini_batches
@@ -151,13 +154,20 @@ def main() -> None:
 
     t_ctl, t_in = (statistics.median(seconds[name]) for name in ("controller", "in_worker"))
     extra_trips = 2 * args.mini_batches - 1
-    print(f"tiny preset, fsdp2 on CPU, {args.workers} rank(s), {args.rows} x {args.prompt_len}+{args.response_len} "
-          f"tokens, {args.mini_batches} mini-batches, medians of {args.repeats}")
+    settings = (f"tiny preset, fsdp2 on CPU, {args.workers} rank(s), {args.rows} x {args.prompt_len}+{args.response_len} "
+                f"tokens, {args.mini_batches} mini-batches, medians of {args.repeats}")
+    print(settings)
     for name, median, trips in (("controller", t_ctl, 2 * args.mini_batches), ("in_worker", t_in, 1)):
         spread = f"{min(seconds[name]) * 1e3:.0f}..{max(seconds[name]) * 1e3:.0f}"
         print(f"  {name:10s} {median * 1e3:8.1f} ms/update  (range {spread} ms; {trips} round trip(s))")
     print(f"  overhead   {(t_ctl - t_in) / extra_trips * 1e3:8.1f} ms per extra round trip; "
           f"ratio controller / in_worker {t_ctl / t_in:.3f}x")
+    write_result(args.json, BenchResult(
+        bench="update_overhead", title="Actor update driven from the controller vs a loop inside the worker",
+        rows=[Row(name=f"controller-driven update ({2 * args.mini_batches} round trips)", value=t_ctl,
+                  baseline_name="in-worker loop (1 round trip)", baseline=t_in, unit="s", ratio=t_ctl / t_in,
+                  ratio_meaning="value / baseline (informational)")],
+        notes=[settings, f"overhead {(t_ctl - t_in) / extra_trips * 1e3:.1f} ms per extra round trip"]))
 
 
 if __name__ == "__main__":
