@@ -1,6 +1,6 @@
 """Step time at batch x1, x2, x4 and model x1, x2, x4, against linear FLOP scaling.
 
-    python bench/scaling.py [--prompts 4] [--n 2] [--prompt-len 16] [--max-new-tokens 32] [--layers 2] [--rounds 2]
+    python bench/scaling.py [--prompts 4] [--n 2] [--prompt-len 16] [--max-new-tokens 32] [--layers 2] [--rounds 3]
                             [--json PATH]
 
 A step here is the compute of one GRPO step at world size 1, in one process on one thread:
@@ -14,7 +14,8 @@ FLOPs are ``2 * P * generated tokens + 6 * P * trained tokens`` counted from the
 parameters that take part in matmuls, the LM head included, the input embedding lookup not).
 The ratio of a point is (its step time / x1's) / (its FLOPs / x1's): 1.0 is linear scaling,
 above 1 means the larger point costs more than its FLOPs (informational rows; the issue sets no
-target). Rounds alternate over the points; each point's time is the median over rounds.
+target). Rounds alternate over the points; each point's time is the median over rounds. Each point's
+phases (generate; forward_backward + optim_step) go to the step-breakdown figure.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def matmul_params(model_path: Path) -> int:
 
 
 def make_step(model_path: Path, prompts: DataProto, sampling: SamplingConfig, config: RolloutConfig,
-              closers: list[Callable[[], None]]) -> tuple[Callable[[], tuple[float, float]], int]:
-    """A step function returning (seconds, FLOPs) and the model's matmul parameter count."""
+              closers: list[Callable[[], None]]) -> tuple[Callable[[], tuple[float, float, float]], int]:
+    """A step function returning (generate seconds, update seconds, FLOPs) and the model's matmul parameter count."""
     rollout = build_rollout(replace(config, name="hf"), model_path, "cpu")
     closers.append(rollout.shutdown)
     engine = build_engine({"name": "fsdp2", "device": "cpu", "micro_batch_size": 10**6, "optimizer": {"lr": 1e-5}}, model_path)
@@ -66,9 +67,10 @@ def make_step(model_path: Path, prompts: DataProto, sampling: SamplingConfig, co
         loss_mask = micro.batch["loss_mask"]
         return -(outputs["log_probs"] * loss_mask).sum() / ctx.global_num_tokens * ctx.dp_size, {}
 
-    def step() -> tuple[float, float]:
+    def step() -> tuple[float, float, float]:
         start = time.perf_counter()
         out = rollout.generate(prompts, sampling)
+        generated_at = time.perf_counter()
         mask = out.batch["attention_mask"]
         loss_mask = mask.float()
         loss_mask[:, 0] = 0
@@ -76,9 +78,9 @@ def make_step(model_path: Path, prompts: DataProto, sampling: SamplingConfig, co
                                      "position_ids": out.batch["position_ids"], "loss_mask": loss_mask})
         engine.forward_backward(batch, loss_fn)
         engine.optim_step()
-        seconds = time.perf_counter() - start
+        update_s = time.perf_counter() - generated_at
         generated, trained = int(out.batch["response_mask"].sum()), int(mask.sum())
-        return seconds, 2.0 * params * generated + 6.0 * params * trained
+        return generated_at - start, update_s, 2.0 * params * generated + 6.0 * params * trained
 
     return step, params
 
@@ -90,7 +92,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--layers", type=int, default=2, help="decoder layers at model x1 (small preset shape)")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", default=None, help="write the result file (bench/results.py) here")
     args = parser.parse_args()
     print(machine_line())
@@ -109,20 +111,23 @@ def main() -> None:
             prompts = make_prompts(prompt_count, vocab=300, min_len=args.prompt_len // 2, max_len=args.prompt_len)
             steps[name], params[name] = make_step(path, prompts, sampling, config, closers)
             steps[name]()  # warm-up
-        measured: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
+        measured: dict[str, list[tuple[float, float, float]]] = {name: [] for name in steps}
         for round_index in range(args.rounds):
             for name in sorted(steps, reverse=round_index % 2 == 1):
                 measured[name].append(steps[name]())
     finally:
         for close in closers:
             close()
-    seconds = {name: statistics.median(s for s, _ in runs) for name, runs in measured.items()}
-    flops = {name: statistics.median(f for _, f in runs) for name, runs in measured.items()}
+    seconds = {name: statistics.median(g + u for g, u, _ in runs) for name, runs in measured.items()}
+    flops = {name: statistics.median(f for _, _, f in runs) for name, runs in measured.items()}
+    breakdown = {name: {"generate": statistics.median(g for g, _, _ in runs),
+                        "forward_backward + optim_step": statistics.median(u for _, u, _ in runs)}
+                 for name, runs in measured.items()}
     settings = (f"small preset shape, {args.layers} layers at x1 ({params['batch x1'] / 1e6:.2f}M matmul params); "
                 f"{args.prompts} prompts x {args.n} samples at x1, prompts up to {args.prompt_len} tokens, up to "
                 f"{args.max_new_tokens} new; fp32, 1 thread; medians of {args.rounds} rounds")
     print(settings)
-    result = BenchResult(bench="scaling", title="Step time scaling vs linear FLOP scaling", notes=[
+    result = BenchResult(bench="scaling", title="Step time scaling vs linear FLOP scaling", breakdown=breakdown, notes=[
         settings, "a ratio below 1: the x1 step carries per-step costs that do not grow with FLOPs (at these small "
         "defaults mostly HF generate's per-token Python work), so a larger point is cheaper than linear"])
     for name in ("batch x2", "batch x4", "model x2", "model x4"):
