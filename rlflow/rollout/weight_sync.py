@@ -8,8 +8,9 @@ Every path moves HF-named full tensors (``BaseEngine.export_hf_weights()``) a bu
   export (the export is collective, so all ranks iterate); the publishing rank puts each bucket
   into the Ray object store (``ray.put`` copies each tensor's bytes straight in, no packing copy
   before it) and returns the refs. The controller hands the refs to every rollout worker, which
-  reads them back with ``stream_published_weights``: bucket k+1 is fetched and unpacked on a
-  background thread while the engine loads bucket k (``prefetched``; at most two buckets held).
+  reads them back with ``stream_published_weights`` as read-only views of the store's buffers
+  (the engine's loader makes the one copy); bucket k+1 is fetched on a background thread while
+  the engine loads bucket k (``prefetched``; at most two buckets held).
   The object store holds one copy per node, shared by all replicas.
 
 ``CheckedWeightStream`` wraps any of these and refuses unknown, duplicated or missing names.
@@ -18,6 +19,7 @@ Every path moves HF-named full tensors (``BaseEngine.export_hf_weights()``) a bu
 from __future__ import annotations
 
 import json
+import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -137,11 +139,18 @@ def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> PackedBucket:
 
 
 def unpack_bucket(packed: PackedBucket) -> list[tuple[str, torch.Tensor]]:
-    """The bucket's ``(name, tensor)`` pairs as writable CPU tensors (one copy out of the read-only store buffer)."""
-    return [
-        (name, torch.from_numpy(np.array(array, copy=True)).view(getattr(torch, dtype)).reshape(shape))
-        for array, (name, dtype, shape) in zip(packed.arrays, packed.entries)
-    ]
+    """The bucket's ``(name, tensor)`` pairs as read-only views of its arrays, uncopied.
+
+    Read back from the object store the arrays are the store's shared, read-only buffer: the
+    engine's loader makes the one copy into its own parameters (``BaseRollout._load_weights``
+    reads what it is given and never writes into it), and the views keep the buffer alive.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return [
+            (name, torch.from_numpy(array).view(getattr(torch, dtype)).reshape(shape))
+            for array, (name, dtype, shape) in zip(packed.arrays, packed.entries)
+        ]
 
 
 def publish_weights(named_tensors: NamedTensors, bucket_mb: float, publish: bool = True) -> list:
@@ -190,7 +199,7 @@ def _fetch_bucket(ref: Any) -> list[tuple[str, torch.Tensor]]:
 
 
 def stream_published_weights(refs: list, prefetch: int = 1) -> Iterator[tuple[str, torch.Tensor]]:
-    """Read published buckets back in order: the next ``prefetch`` buckets are fetched and unpacked
-    on a background thread while the engine loads the current one (at most ``prefetch + 1`` buckets
-    in this process's memory)."""
+    """Read published buckets back in order, as read-only tensors: the next ``prefetch`` buckets
+    are fetched on a background thread while the engine loads the current one (at most
+    ``prefetch + 1`` buckets held by this process)."""
     return prefetched(refs, _fetch_bucket, prefetch)
