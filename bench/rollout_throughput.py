@@ -1,10 +1,9 @@
-"""Generation throughput of the vLLM and HF rollout backends on the same model and prompts, and weight-sync cost.
+"""Generation throughput of the vLLM and HF rollout backends on the same model and prompts.
 
 For each preset size (tiny, 25m) and each backend: build the rollout, warm it up, then time
 ``generate`` on the same seeded prompts (``n`` samples each, sampled at temperature 1) and
-count the generated tokens (response_mask). Then time ``update_weights`` with the model's full
-state dict (in-process sync: bucketing, name checks, reload, prefix-cache reset). Prints
-tokens/s per backend, the vLLM/HF ratio, and the sync time per MiB. One engine at a time.
+count the generated tokens (response_mask). Prints tokens/s per backend and the vLLM/HF ratio.
+One engine at a time. Weight-sync cost is measured by ``bench/weight_sync.py``.
 
 Then rlflow's vLLM rollout against raw vLLM (target >= 0.95): one ``vllm.LLM``, built by the
 rollout from its config (same model, dtype and engine settings for both), is timed through
@@ -28,14 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from rlflow.config.schema import RolloutConfig, SamplingConfig
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 from rlflow.rollout import build_rollout
-from rlflow.rollout.weight_sync import MiB
 from rlflow.utils.device import limit_cpu_threads
 
 from machine import machine_line
@@ -62,8 +59,7 @@ def make_prompts(count: int, vocab: int, min_len: int = 16, max_len: int = 48) -
 def measure(
     backend: str, model_path: Path, prompts: DataProto, sampling: SamplingConfig, config: RolloutConfig
 ) -> dict:
-    """Tokens/s of one timed generate (after a warm-up) and the in-process sync time per MiB."""
-    weights = load_file(str(model_path / "model.safetensors"))
+    """Tokens/s of one timed generate (after a warm-up)."""
     start = time.perf_counter()
     with build_rollout(replace(config, name=backend), model_path, "cpu") as rollout:
         startup_s = time.perf_counter() - start
@@ -71,17 +67,12 @@ def measure(
         start = time.perf_counter()
         out = rollout.generate(prompts, sampling)
         generate_s = time.perf_counter() - start
-        start = time.perf_counter()
-        synced = rollout.update_weights(weights.items())
-        sync_s = time.perf_counter() - start
     tokens = int(out.batch["response_mask"].sum())
     return {
         "startup_s": startup_s,
         "tokens": tokens,
         "generate_s": generate_s,
         "tokens_per_s": tokens / generate_s,
-        "sync_mb": synced / MiB,
-        "sync_ms_per_mb": 1000 * sync_s / (synced / MiB),
     }
 
 
@@ -138,8 +129,7 @@ def main() -> None:
     settings = (f"{args.prompts} prompts x {args.n} samples, up to {args.max_new_tokens} new tokens, temperature 1, "
                 f"fp32, 1 thread; one generate call per timing")
     result = BenchResult(bench="rollout_throughput", title="Rollout generation throughput", notes=[settings])
-    print(f"{'model':<6} {'backend':<7} {'seqs':>5} {'tokens':>7} {'start s':>8} {'gen s':>7} {'tok/s':>8} "
-          f"{'sync MiB':>9} {'sync ms/MiB':>12}")
+    print(f"{'model':<6} {'backend':<7} {'seqs':>5} {'tokens':>7} {'start s':>8} {'gen s':>7} {'tok/s':>8}")
     for size in args.sizes:
         model_path = build_preset(model_root / size, tokenizer_corpus(), preset=size, seed=0)
         prompts = make_prompts(args.prompts, vocab=300)
@@ -148,7 +138,7 @@ def main() -> None:
             r = results[backend] = measure(backend, model_path, prompts, sampling, config)
             print(
                 f"{size:<6} {backend:<7} {args.prompts * args.n:>5} {r['tokens']:>7} {r['startup_s']:>8.1f} "
-                f"{r['generate_s']:>7.2f} {r['tokens_per_s']:>8.0f} {r['sync_mb']:>9.1f} {r['sync_ms_per_mb']:>12.2f}"
+                f"{r['generate_s']:>7.2f} {r['tokens_per_s']:>8.0f}"
             )
         ratio = results["vllm"]["tokens_per_s"] / results["hf"]["tokens_per_s"]
         print(f"{size:<6} vllm/hf generation throughput ratio: {ratio:.2f}")

@@ -76,11 +76,19 @@ class FSDP2Engine(ModuleEngine):
 
     def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, param in self.module.named_parameters():
-            tensor = param.detach()
-            yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            yield name, _full_tensor(param.detach())
 
     def _move_module(self, device: torch.device) -> None:
         self.module.to(device)
 
     def _layout(self) -> dict[str, Any]:
         return {"dp_replicate": self.config.hybrid_replicate_size}  # dp_shard = world size / dp_replicate
+
+
+def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: gathered from its shards, or (a mesh of one rank) the local tensor itself, uncopied."""
+    if not isinstance(tensor, DTensor):
+        return tensor
+    if tensor.device_mesh.size() == 1:
+        return tensor.to_local()
+    return tensor.full_tensor()

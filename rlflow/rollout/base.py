@@ -105,7 +105,10 @@ class BaseRollout(ABC):
 
     @abstractmethod
     def _load_weights(self, named_tensors: NamedTensors) -> None:
-        """Consume ``named_tensors`` into the engine and drop anything derived from the old weights."""
+        """Consume ``named_tensors`` into the engine and drop anything derived from the old weights.
+
+        Copy from the tensors, never write into them: they may be the trainer's own parameters
+        (colocated) or read-only views of the object store's buffers (split)."""
 
     def sleep(self) -> None:
         """Free engine memory between rollouts (colocated training); a no-op where unsupported."""

@@ -2,8 +2,10 @@
 
 * In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the engine lives in the rollout worker's
   own process, so weight sync hands it tensors directly, with no serialization.
-* Weight sync streams the whole model through one ``reload_weights`` call, fed a bucket at a
-  time (``rollout.weight_sync_bucket_mb``), then resets the prefix cache. One call, not one
+* Weight sync streams the whole model through one ``reload_weights`` call, then resets the
+  prefix cache. On a GPU the tensors go to the device a bucket at a time
+  (``rollout.weight_sync_bucket_mb``); on CPU they are handed over as they are (vLLM's loader
+  makes the one copy into its own parameters). One call, not one
   per bucket: vLLM reloads a fused layer (q/k/v, gate/up) once all its parts have arrived, and a
   call that ends with a layer half-loaded leaves the other half as uninitialised memory.
 * The engine joins the process's torch.distributed group if one exists (as every rlflow worker
@@ -135,17 +137,17 @@ class VLLMRollout(BaseRollout):
     def _load_weights(self, named_tensors: NamedTensors) -> None:
         if self._asleep:
             self._llm.wake_up(tags=["weights"])
-        target = None if self._on_cpu else self.device
-
-        def bucketed() -> Iterator[tuple[str, torch.Tensor]]:
-            for bucket in iter_buckets(named_tensors, self.config.weight_sync_bucket_mb):
-                yield from ((name, t if target is None else t.to(target, non_blocking=True)) for name, t in bucket)
-
-        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucketed()})
+        weights = named_tensors if self._on_cpu else self._to_device_in_buckets(named_tensors)
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self._llm.reset_prefix_cache()
         if self._asleep:
             self._llm.wake_up(tags=["kv_cache"])
             self._asleep = False
+
+    def _to_device_in_buckets(self, named_tensors: NamedTensors) -> Iterator[tuple[str, torch.Tensor]]:
+        """Move the tensors to the engine's device a bounded bucket at a time."""
+        for bucket in iter_buckets(named_tensors, self.config.weight_sync_bucket_mb):
+            yield from ((name, tensor.to(self.device, non_blocking=True)) for name, tensor in bucket)
 
     def _require_awake(self, action: str) -> None:
         if self._llm is None:

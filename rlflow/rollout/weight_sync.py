@@ -6,9 +6,12 @@ Every path moves HF-named full tensors (``BaseEngine.export_hf_weights()``) a bu
   the backend streams ``iter_buckets`` of the iterator into the engine.
 * **split** (a separate rollout worker group): every actor rank runs ``publish_weights`` over its
   export (the export is collective, so all ranks iterate); the publishing rank puts each bucket
-  into the Ray object store as one packed byte buffer and returns the refs. The controller hands
-  the refs to every rollout worker, which reads them back one bucket at a time with
-  ``stream_published_weights``. The object store holds one copy per node, shared by all replicas.
+  into the Ray object store (``ray.put`` copies each tensor's bytes straight in, no packing copy
+  before it) and returns the refs. The controller hands the refs to every rollout worker, which
+  reads them back with ``stream_published_weights`` as read-only views of the store's buffers
+  (the engine's loader makes the one copy); bucket k+1 is fetched on a background thread while
+  the engine loads bucket k (``prefetched``; at most two buckets held).
+  The object store holds one copy per node, shared by all replicas.
 
 ``CheckedWeightStream`` wraps any of these and refuses unknown, duplicated or missing names.
 """
@@ -16,15 +19,22 @@ Every path moves HF-named full tensors (``BaseEngine.export_hf_weights()``) a bu
 from __future__ import annotations
 
 import json
+import warnings
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 import numpy as np
 import torch
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 MiB = 1 << 20
+T = TypeVar("T")
+_END = object()
+U = TypeVar("U")
 
 
 class WeightSyncError(RuntimeError):
@@ -109,42 +119,38 @@ class CheckedWeightStream:
 # ---------------------------------------------------------------------- Ray object store path
 @dataclass(frozen=True)
 class PackedBucket:
-    """One bucket as a single byte buffer (Ray ships it out-of-band) plus each tensor's place in it."""
+    """One bucket as byte arrays (Ray ships each out-of-band, straight into the object store) plus
+    each tensor's name, dtype and shape."""
 
-    buffer: np.ndarray  # uint8
-    entries: tuple[tuple[str, str, tuple[int, ...], int, int], ...]  # name, dtype, shape, offset, nbytes
-
-
-_ALIGN = 16  # every tensor starts at a multiple of this, so byte views can be re-typed to any dtype
+    arrays: tuple[np.ndarray, ...]  # uint8, one per tensor
+    entries: tuple[tuple[str, str, tuple[int, ...]], ...]  # name, dtype, shape
 
 
-def _aligned(offset: int) -> int:
-    return -(-offset // _ALIGN) * _ALIGN
+def _byte_array(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU uint8 view of ``tensor``'s elements: copied only to leave a device or a strided layout."""
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
 def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> PackedBucket:
-    """Copy a bucket's tensors (any device, any dtype) into one CPU byte buffer."""
-    offsets, end = [], 0
-    for _, tensor in bucket:
-        offsets.append(_aligned(end))
-        end = offsets[-1] + tensor_nbytes(tensor)
-    buffer = torch.empty(end, dtype=torch.uint8)
-    entries = []
-    for (name, tensor), offset in zip(bucket, offsets):
-        nbytes = tensor_nbytes(tensor)
-        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-        buffer[offset : offset + nbytes].copy_(flat)
-        entries.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes))
-    return PackedBucket(buffer.numpy(), tuple(entries))
+    """A bucket's tensors (any device, any dtype) as byte views; ``ray.put`` makes the one copy."""
+    arrays = tuple(_byte_array(tensor) for _, tensor in bucket)
+    entries = tuple((name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in bucket)
+    return PackedBucket(arrays, entries)
 
 
 def unpack_bucket(packed: PackedBucket) -> list[tuple[str, torch.Tensor]]:
-    """The bucket's ``(name, tensor)`` pairs as CPU tensors (one copy out of the read-only store buffer)."""
-    buffer = torch.from_numpy(np.array(packed.buffer, copy=True))
-    return [
-        (name, buffer[offset : offset + nbytes].view(getattr(torch, dtype)).reshape(shape))
-        for name, dtype, shape, offset, nbytes in packed.entries
-    ]
+    """The bucket's ``(name, tensor)`` pairs as read-only views of its arrays, uncopied.
+
+    Read back from the object store the arrays are the store's shared, read-only buffer: the
+    engine's loader makes the one copy into its own parameters (``BaseRollout._load_weights``
+    reads what it is given and never writes into it), and the views keep the buffer alive.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return [
+            (name, torch.from_numpy(array).view(getattr(torch, dtype)).reshape(shape))
+            for array, (name, dtype, shape) in zip(packed.arrays, packed.entries)
+        ]
 
 
 def publish_weights(named_tensors: NamedTensors, bucket_mb: float, publish: bool = True) -> list:
@@ -162,9 +168,38 @@ def publish_weights(named_tensors: NamedTensors, bucket_mb: float, publish: bool
     return refs
 
 
-def stream_published_weights(refs: list) -> Iterator[tuple[str, torch.Tensor]]:
-    """Read published buckets back one at a time (at most one bucket in this process's memory)."""
+def prefetched(items: Sequence[T], fetch: Callable[[T], list[U]], depth: int = 1) -> Iterator[U]:
+    """Yield the elements of ``fetch(item)`` for each item in order, fetching up to ``depth`` items
+    ahead on a background thread while the caller consumes the current one.
+
+    At most ``depth + 1`` fetched items exist at once (the one being consumed and those ahead).
+    """
+    if depth < 0:
+        raise ValueError(f"prefetch depth must be >= 0, got {depth}")
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-prefetch") as pool:
+        pending = iter(items)
+        ahead: deque[Future] = deque(pool.submit(fetch, item) for item in islice(pending, depth))
+        while True:
+            if not ahead:
+                item = next(pending, _END)
+                if item is _END:
+                    return
+                ahead.append(pool.submit(fetch, item))
+            current = ahead.popleft().result()
+            if depth:
+                ahead.extend(pool.submit(fetch, item) for item in islice(pending, 1))
+            yield from current
+            del current
+
+
+def _fetch_bucket(ref: Any) -> list[tuple[str, torch.Tensor]]:
     import ray
 
-    for ref in refs:
-        yield from unpack_bucket(ray.get(ref))
+    return unpack_bucket(ray.get(ref))
+
+
+def stream_published_weights(refs: list, prefetch: int = 1) -> Iterator[tuple[str, torch.Tensor]]:
+    """Read published buckets back in order, as read-only tensors: the next ``prefetch`` buckets
+    are fetched on a background thread while the engine loads the current one (at most
+    ``prefetch + 1`` buckets held by this process)."""
+    return prefetched(refs, _fetch_bucket, prefetch)

@@ -44,6 +44,13 @@ class PlacedRoles:
         refs = self.actor.publish_weights(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
         return self.rollout.update_weights(refs)[0]
 
+    def free_rollout_memory(self, rollout_config: Any) -> None:
+        """Colocated with ``rollout.free_cache_engine``: put the rollout engines to sleep for the
+        training phase (vLLM on GPU frees its weights and KV cache; a no-op on CPU). The next
+        ``sync_weights`` wakes them; a split rollout pool has its own devices and is left alone."""
+        if self.colocated and rollout_config.free_cache_engine:
+            self.rollout.sleep()
+
     def shutdown(self) -> None:
         for group in reversed(self.groups):
             group.shutdown()

@@ -187,6 +187,8 @@ class PPOTrainer:
                     batch.union(result.get())
             with timed("adv", timings):
                 metrics.update(self._compute_advantages(batch, prompts))
+            if update_actor:  # the weight sync below wakes the engine again
+                roles.free_rollout_memory(cfg.rollout)
             if self.use_critic:
                 with timed("update_critic", timings):
                     metrics.update(self._update_critic(batch, step))

@@ -53,6 +53,7 @@ def runs(ray_session, tiny_path, tokenizer, tmp_path_factory):
     split = _group(WorkerSpec(RolloutWorker, config, str(tiny_path)), "rollout", 1)
     try:
         results = {"losses": actor.train(3)}
+        actor.sleep()  # as the driver does before an update (free_cache_engine); on CPU the engine stays up
         actor.sync_in_process()
         results["sync_reports"] = split.update_weights(actor.publish(0.05)[0])
         actor.save_hf(str(export_dir))
