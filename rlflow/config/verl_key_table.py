@@ -42,6 +42,7 @@ FSDP_ROWS: list[tuple[Optional[str], Optional[str], str]] = [
     ("param_offload", "param_offload", ""),
     ("optimizer_offload", "optimizer_offload", ""),
     ("reshard_after_forward", "reshard_after_forward", "fsdp2 engine only"),
+    (None, "defer_grad_reduce", "fsdp2 engine only: one gradient reduce-scatter per mini-batch"),
     ("forward_prefetch", "forward_prefetch", "fsdp engine only"),
     (None, "sharding_strategy", "fsdp engine only: FULL_SHARD | SHARD_GRAD_OP | NO_SHARD"),
     ("fsdp_size", "hybrid_replicate_size", "inverse view: verl names the shard group size, rlflow the number of "

@@ -6,14 +6,18 @@ mesh dimension; with ``hybrid_replicate_size > 1`` the mesh is
 ``(dp_replicate, dp_shard)`` and shards are replicated across groups (HSDP).
 Mixed precision comes from ``param_dtype`` / ``reduce_dtype`` with master weights in
 ``dtype``. Checkpoints are sharded DCP state dicts; HF export gathers one parameter at
-a time (``DTensor.full_tensor``). A checkpoint resumes at any world size that
+a time (``DTensor.full_tensor``). With ``defer_grad_reduce`` (default) the micro-batches of a
+mini-batch accumulate unsharded gradients and only the last one reduce-scatters them (one
+reduction per optimizer step instead of one per micro-batch, at the cost of one full-size
+gradient copy per rank between micro-batches). A checkpoint resumes at any world size that
 ``hybrid_replicate_size`` divides (DCP reshards).
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -37,6 +41,7 @@ class FSDP2EngineConfig(HFModuleEngineConfig):
     name: str = "fsdp2"
     reshard_after_forward: bool = True  # free gathered layer weights after forward (re-gather in backward)
     hybrid_replicate_size: int = 1  # >1: HSDP, world = replicate x shard; shards replicate across groups
+    defer_grad_reduce: bool = True  # reduce-scatter gradients once per mini-batch, not per micro-batch
 
 
 @EngineRegistry.register("fsdp2")
@@ -68,6 +73,18 @@ class FSDP2Engine(ModuleEngine):
             fully_shard(layer, **options)
         fully_shard(module, **options)
         return module
+
+    def _grad_reduce_deferral(self) -> Optional[Callable[[], AbstractContextManager[Any]]]:
+        return self._unsynced_grads if self.config.defer_grad_reduce else None
+
+    @contextmanager
+    def _unsynced_grads(self) -> Iterator[None]:
+        """Accumulate this micro-batch's gradients unsharded (no reduce-scatter); the last micro-batch reduces all."""
+        self.module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.module.set_requires_gradient_sync(True)
 
     def _clip_grad_norm(self, max_norm: float) -> float:
         params = [p for p in self.module.parameters() if p.grad is not None]

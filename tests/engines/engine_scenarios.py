@@ -87,6 +87,9 @@ def _agg_loss_fn(mode: str):
     return loss_fn
 
 
+FSDP2_REDUCE_EVERY_MICRO = "fsdp2/defer_grad_reduce=false"  # fsdp2 reducing every micro-batch (the default defers)
+
+
 def grad_accumulation_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
     """Each loss_agg_mode: 8 rows -> 4 per rank -> 4 micro-batches of 1 per rank; gradients vs one whole-batch pass."""
     batch = make_batch(seed=11)
@@ -102,8 +105,10 @@ def grad_accumulation_suite(rank: int, world_size: int, model_path: Path, out_di
                 "loss": loss.item(),
                 "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
             }
-    for name in ENGINES:
-        engine = new_engine(engine_config(name, micro_batch_size=1), model_path)
+    variants = {name: engine_config(name, micro_batch_size=1) for name in ENGINES}
+    variants[FSDP2_REDUCE_EVERY_MICRO] = engine_config("fsdp2", micro_batch_size=1, defer_grad_reduce=False)
+    for name, config in variants.items():
+        engine = new_engine(config, model_path)
         for mode in loss_agg_modes():
             engine.zero_grad()
             _, metrics = engine.forward_backward(local_share(batch, rank, world_size), _agg_loss_fn(mode))

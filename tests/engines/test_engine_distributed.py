@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine_scenarios import parity_configs
+from engine_scenarios import FSDP2_REDUCE_EVERY_MICRO, parity_configs
 from engine_testlib import ENGINES, REFERENCE_LRS, engines_with, load_results
 from rlflow.algos import loss_agg_modes
 from rlflow.engines import EngineRegistry
@@ -67,7 +67,7 @@ def test_three_steps_match_plain_pytorch(world_size: int, label: str, request: p
 
 # ------------------------------------------------------------------------ gradient accumulation
 @pytest.mark.parametrize("mode", loss_agg_modes())
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", ENGINES + (FSDP2_REDUCE_EVERY_MICRO,))
 def test_gradient_accumulation_matches_whole_batch(engine: str, mode: str, two_rank: Path) -> None:
     results = _results(two_rank, "grad_accumulation.pt")
     reference, run = results[("reference", mode)], results[(engine, mode)]

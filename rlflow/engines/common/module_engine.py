@@ -12,7 +12,7 @@ import abc
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -85,7 +85,8 @@ class ModuleEngine(BaseEngine):
         forward = partial(forward_micro_batch, self.module, config=self.config)
         with self.offloader.params_resident():
             return run_forward_backward(
-                batch, forward, loss_fn, forward_only, self.config, group=self.group, device=self.device
+                batch, forward, loss_fn, forward_only, self.config, group=self.group, device=self.device,
+                no_sync=self._grad_reduce_deferral(),
             )
 
     def optim_step(self, lr: Optional[float] = None) -> dict[str, Any]:
@@ -150,6 +151,11 @@ class ModuleEngine(BaseEngine):
     @abc.abstractmethod
     def _move_module(self, device: torch.device) -> None:
         """Move this rank's parameter shards and gradients to ``device``."""
+
+    def _grad_reduce_deferral(self) -> Optional[Callable[[], AbstractContextManager[Any]]]:
+        """A context manager factory that defers the gradient reduction of a micro-batch to the
+        mini-batch's last one (``run_forward_backward``'s ``no_sync``); None: reduce every micro-batch."""
+        return None
 
     @abc.abstractmethod
     def _layout(self) -> dict[str, Any]:

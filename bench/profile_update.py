@@ -1,0 +1,119 @@
+"""Profile one GRPO actor update (one rank's share) in this process with ``torch.profiler``.
+
+    python bench/profile_update.py [--model DIR] [--rows 128] [--prompt-len 20] [--response-len 64]
+        [--mean-response 64] [--micro-batch-size 4] [--set KEY=VALUE ...] [--trace out.json]
+
+The update is exactly what the PPO driver runs on one rank: ``Actor.forward_backward`` logic
+(on-policy, old log-probs from the update's forward, entropy on) through the configured engine,
+then ``optim_step``. The batch is rollout-shaped: left-padded prompts, responses whose lengths
+are drawn around ``--mean-response`` (right padding up to ``--response-len``). One warm-up
+update runs first; the profiled one prints the top operators by self CPU time, the share of
+forward / backward / optimizer, and how many of the trained positions were padding.
+``--set`` passes extra ``actor.engine.*``/``actor.*`` overrides (e.g. ``actor.engine.use_dynamic_bsz=true``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+from transformers import AutoConfig
+
+from rlflow.data.tasks.corpus import tokenizer_corpus
+from rlflow.engines.registry import build_engine
+from rlflow.models.presets import build_preset
+from rlflow.protocol import DataProto
+from rlflow.roles.batch_views import engine_batch
+from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, make_policy_loss_fn
+from rlflow.trainer.config_loading import compose_ppo_config
+from rlflow.utils.device import limit_cpu_threads
+
+from machine import machine_line
+
+
+def rollout_batch(rows: int, prompt_len: int, response_len: int, mean_response: int, vocab: int) -> DataProto:
+    """Left-padded prompts (lengths prompt_len/2..prompt_len) and right-padded responses around ``mean_response``."""
+    gen = torch.Generator().manual_seed(0)
+    prompt_lens = torch.randint(prompt_len // 2, prompt_len + 1, (rows,), generator=gen)
+    spread = max(1, mean_response // 2)
+    resp_lens = (torch.randint(-spread, spread + 1, (rows,), generator=gen) + mean_response).clamp(1, response_len)
+    width = prompt_len + response_len
+    input_ids = torch.randint(0, vocab, (rows, width), generator=gen)
+    positions = torch.arange(width).expand(rows, width)
+    prompt_mask = positions >= (prompt_len - prompt_lens)[:, None]
+    response_mask = torch.arange(response_len).expand(rows, response_len) < resp_lens[:, None]
+    attention_mask = torch.cat([prompt_mask[:, :prompt_len], response_mask], dim=1).long()
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    return DataProto.from_dict(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+         "responses": input_ids[:, prompt_len:].clone(), "response_mask": response_mask.long(),
+         "advantages": torch.randn(rows, response_len, generator=gen) * response_mask},
+        meta_info={"temperature": 1.0},
+    )
+
+
+def update(engine: Any, loss_fn: Any, data: DataProto) -> dict[str, float]:
+    """``Actor.forward_backward`` (on-policy path) followed by ``optim_step``."""
+    view = engine_batch(data, extra_keys=("advantages",))
+    view.meta_info = {"temperature": 1.0, "compute_entropy": True, OLD_LOG_PROBS_FROM_UPDATE: True}
+    with engine.train_mode():
+        with record_function("phase/forward_backward"):
+            _, metrics = engine.forward_backward(view, loss_fn)
+        with record_function("phase/optim_step"):
+            metrics.update(engine.optim_step())
+    return metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None, help="HF folder (default: build the 25m preset)")
+    parser.add_argument("--rows", type=int, default=128, help="sequences on this rank (256 / DP=2)")
+    parser.add_argument("--prompt-len", type=int, default=20)
+    parser.add_argument("--response-len", type=int, default=64)
+    parser.add_argument("--mean-response", type=int, default=64)
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--set", nargs="*", default=[], help="extra Hydra overrides of the ppo config")
+    parser.add_argument("--trace", type=Path, default=None, help="write a Chrome trace here")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    print(machine_line())
+    limit_cpu_threads(1)
+    model = args.model or build_preset(Path(tempfile.mkdtemp(prefix="prof")) / "m25", tokenizer_corpus(),
+                                       preset="25m", seed=0)
+    config = compose_ppo_config([f"model.path={model}", "model.preset=null", "rollout=hf", "actor.engine=fsdp2",
+                                 "actor.engine.device=cpu", "trainer.device=cpu",
+                                 f"actor.ppo_mini_batch_size={args.rows}",
+                                 f"actor.engine.micro_batch_size={args.micro_batch_size}", *args.set])
+    engine = build_engine(config.actor.engine, str(model))
+    engine.initialize()
+    loss_fn = make_policy_loss_fn(config.actor)
+    data = rollout_batch(args.rows, args.prompt_len, args.response_len, args.mean_response,
+                         AutoConfig.from_pretrained(model).vocab_size)
+    real = int(data.batch["attention_mask"].sum())
+    print(f"batch: {args.rows} rows x {data.batch['input_ids'].shape[1]} positions, {real} real tokens "
+          f"({1 - real / data.batch['attention_mask'].numel():.1%} padding), response tokens "
+          f"{int(data.batch['response_mask'].sum())}; overrides {args.set}")
+    update(engine, loss_fn, data)  # warm-up
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        metrics = update(engine, loss_fn, data)
+    seconds = time.perf_counter() - start
+    print(f"profiled update: {seconds:.2f} s (with profiler), grad_norm {metrics.get('actor/grad_norm')}")
+    averages = prof.key_averages()
+    total = sum(event.self_cpu_time_total for event in averages)
+    phases = {e.key: e.cpu_time_total for e in averages if e.key.startswith("phase/")}
+    for key, value in sorted(phases.items()):
+        print(f"  {key:32s} {value / 1e6:7.2f} s  {value / total:6.1%}")
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=args.top))
+    if args.trace:
+        prof.export_chrome_trace(str(args.trace))
+        print(f"chrome trace: {args.trace}")
+
+
+if __name__ == "__main__":
+    main()
