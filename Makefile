@@ -60,9 +60,11 @@ test: install
 test-full: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The soak is long (100 steps) and has its own target; bench/machine.py (the machine line) and bench/results.py
-# (the result file) are shared by the benches.
-BENCHES := $(filter-out bench/soak.py bench/machine.py bench/results.py,$(wildcard bench/*.py))
+# The soak is long (100 steps) and has its own target; bench/machine.py (the machine line), bench/results.py
+# (the result file) and bench/machine_limits.py (matmul peak, peak RSS) are shared by the benches; grpo_workload,
+# grpo_runs, trl_venv and trl_grpo_runner are parts of bench/grpo_vs_trl.py.
+BENCH_HELPERS := soak machine results machine_limits grpo_workload grpo_runs trl_venv trl_grpo_runner
+BENCHES := $(filter-out $(BENCH_HELPERS:%=bench/%.py),$(wildcard bench/*.py))
 
 bench: install
 	@set -e; for script in $(BENCHES); do echo "== $$script"; $(PY) $$script; done
