@@ -106,7 +106,11 @@ def main() -> int:
 
     trials: dict[str, float] = {}
     for threads, gc in TRL_CONFIGS:
-        steps, _ = run_trl(python, workload, model, data, out, 1 + args.trial_steps, threads, gc, args.timeout)
+        try:
+            steps, _ = run_trl(python, workload, model, data, out, 1 + args.trial_steps, threads, gc, args.timeout)
+        except RuntimeError as error:  # one configuration failing (memory, time limit) leaves the others to choose from
+            print(f"TRL trial ({trl_name(threads, gc)}) failed: {error}", flush=True)
+            continue
         trials[trl_name(threads, gc)] = StepStats("trial", steps[1:]).median_step
         print(f"TRL trial ({trl_name(threads, gc)}): median step {trials[trl_name(threads, gc)]:.2f} s "
               f"over {len(steps) - 1} steps", flush=True)
