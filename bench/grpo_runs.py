@@ -84,7 +84,11 @@ def _run(command: list[str], env: dict, log: Path, timeout: float) -> tuple[int,
         except subprocess.TimeoutExpired:
             process.kill()
             code = process.wait()
-        return code, sampler.stop()
+        peaks = sampler.stop()
+        left = sampler.wait_for_exit()
+        if left:
+            print(f"warning: processes of the run logged in {log.name} still alive: {left}", flush=True)
+        return code, peaks
 
 
 def run_rlflow(workload: Workload, model: Path, data: Path, out: Path, steps: int, workers: int,

@@ -68,6 +68,7 @@ class PeakRSS(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.interval, self.label = psutil.Process(root_pid), interval, label
         self.peaks_mb: dict[str, float] = {}
+        self.seen: dict[int, psutil.Process] = {}
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -82,6 +83,7 @@ class PeakRSS(threading.Thread):
                     key = "driver" if process.pid == self.root.pid else self.label(process)
                 except psutil.Error:
                     continue
+                self.seen.setdefault(process.pid, process)
                 self.peaks_mb[key] = max(rss, self.peaks_mb.get(key, 0.0))
 
     def stop(self) -> dict[str, float]:
@@ -89,3 +91,9 @@ class PeakRSS(threading.Thread):
         self._stop_event.set()
         self.join()
         return dict(sorted(self.peaks_mb.items(), key=lambda item: -item[1]))
+
+    def wait_for_exit(self, timeout: float = 120.0) -> list[int]:
+        """Wait until every process seen has exited (a run's leftovers, e.g. Ray's daemons, would slow the
+        next run); the pids still alive after ``timeout``."""
+        _, alive = psutil.wait_procs(list(self.seen.values()), timeout=timeout)
+        return [process.pid for process in alive]
