@@ -1,0 +1,129 @@
+"""One timed run of each framework for ``bench/grpo_vs_trl.py``, parsed into per-step records
+(``{"step_s", phase..., "generated_tokens", "trained_tokens"}``) plus the peak RSS per process.
+
+* rlflow: ``python -m rlflow.trainer.main_ppo`` with Hydra overrides, its best documented way on
+  a CPU machine (``trainer.n_procs_per_node`` = cores, one torch thread per process, FSDP2 actor
+  colocated with an in-process vLLM rollout, GRPO, the on-policy old-log-prob reuse default).
+  Step and phases come from the run's ``metrics.jsonl`` (``timing_s/*``).
+* TRL: ``bench/trl_grpo_runner.py`` in the TRL venv; its JSON lines on stdout.
+
+Importable as ``grpo_runs`` because the benches run as ``python bench/<name>.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from grpo_workload import Workload, with_other
+from machine_limits import PeakRSS
+from trl_venv import REPO, runner_env
+
+# rlflow timing key -> the bench's phase
+RLFLOW_PHASES = {"timing_s/gen": "generation", "timing_s/log_probs_and_values": "old_log_probs",
+                 "timing_s/update_actor": "update", "timing_s/weight_sync": "weight_sync"}
+
+
+def rlflow_overrides(workload: Workload, model: Path, data: Path, run_dir: Path, steps: int, workers: int) -> list[str]:
+    """The Hydra overrides of one rlflow run (printed by the bench as its settings)."""
+    return [
+        "algorithm=grpo", "actor.engine=fsdp2", "rollout=vllm", "model=hf", f"model.path={model}",
+        f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'val.parquet'}]",
+        f"data.train_batch_size={workload.prompts}", f"rollout.n={workload.samples}",
+        f"data.max_response_length={workload.new_tokens}", f"actor.ppo_mini_batch_size={workload.prompts}",
+        f"actor.engine.micro_batch_size={workload.sequences // workers}", f"actor.engine.param_dtype={workload.dtype}",
+        f"rollout.dtype={workload.dtype}", f"actor.engine.optimizer.lr={workload.lr}",
+        f"trainer.n_procs_per_node={workers}", f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false", "trainer.logger=[jsonl]", "trainer.resume_mode=disable",
+        f"trainer.default_local_dir={run_dir}", f"data.seed={workload.seed}",
+    ]
+
+
+def parse_rlflow_metrics(lines: list[str]) -> list[dict]:
+    """Per-step records from ``metrics.jsonl`` lines (training steps only, in order)."""
+    steps = []
+    for line in lines:
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if "timing_s/step" not in record:
+            continue
+        step = {"step_s": record["timing_s/step"], "generated_tokens": record.get("rollout/generated_tokens", 0.0),
+                "trained_tokens": record.get("perf/total_num_tokens", 0.0)}
+        step.update({phase: record.get(key, 0.0) for key, phase in RLFLOW_PHASES.items()})
+        steps.append(with_other(step))
+    return steps
+
+
+def parse_trl_lines(lines: list[str]) -> tuple[list[dict], dict]:
+    """TRL runner stdout -> (per-step records, the settings line); other lines are TRL's logging."""
+    steps, settings = [], {}
+    for line in lines:
+        if not line.startswith('{"event"'):
+            continue
+        record = json.loads(line)
+        event = record.pop("event")
+        if event == "step":
+            steps.append(with_other(record))
+        elif event == "settings":
+            settings = record
+    return steps, settings
+
+
+def _run(command: list[str], env: dict, log: Path, timeout: float) -> tuple[int, dict[str, float]]:
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        sampler = PeakRSS(process.pid)
+        sampler.start()
+        try:
+            code = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = process.wait()
+        peaks = sampler.stop()
+        left = sampler.wait_for_exit()
+        if left:
+            print(f"warning: processes of the run logged in {log.name} still alive: {left}", flush=True)
+        return code, peaks
+
+
+def run_rlflow(workload: Workload, model: Path, data: Path, out: Path, steps: int, workers: int,
+               timeout: float) -> tuple[list[dict], dict[str, float]]:
+    """Run rlflow for ``steps`` steps; its per-step records and peak RSS per process."""
+    run_dir = out / "rlflow-run"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # written by this bench only: a fresh run each time
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "rlflow.trainer.main_ppo",
+               *rlflow_overrides(workload, model, data, run_dir, steps, workers)]
+    code, rss = _run(command, env, out / "rlflow.log", timeout)
+    if code != 0:
+        raise RuntimeError(f"rlflow exited {code}; see {out / 'rlflow.log'}")
+    return parse_rlflow_metrics((run_dir / "metrics.jsonl").read_text().splitlines()), rss
+
+
+def trl_command(python: Path, workload: Workload, model: Path, data: Path, steps: int, threads: int,
+                gradient_checkpointing: bool) -> list[str]:
+    """The TRL runner's command line (printed by the bench as TRL's settings)."""
+    command = [str(python), str(REPO / "bench" / "trl_grpo_runner.py"), "--model", str(model),
+               "--train", str(data / "train.parquet"), "--steps", str(steps), "--threads", str(threads),
+               "--prompts", str(workload.prompts), "--samples", str(workload.samples),
+               "--new-tokens", str(workload.new_tokens), "--dtype", workload.dtype, "--lr", str(workload.lr),
+               "--seed", str(workload.seed)]
+    return command + (["--gradient-checkpointing"] if gradient_checkpointing else [])
+
+
+def run_trl(python: Path, workload: Workload, model: Path, data: Path, out: Path, steps: int, threads: int,
+            gradient_checkpointing: bool, timeout: float) -> tuple[list[dict], dict[str, float]]:
+    """Run TRL for ``steps`` steps; its per-step records and peak RSS per process."""
+    log = out / f"trl-{threads}t-gc{int(gradient_checkpointing)}.log"
+    command = trl_command(python, workload, model, data, steps, threads, gradient_checkpointing)
+    code, rss = _run(command, runner_env(threads), log, timeout)
+    if code != 0:
+        raise RuntimeError(f"TRL exited {code}; see {log}")
+    records, _ = parse_trl_lines(log.read_text().splitlines())
+    return records, rss
