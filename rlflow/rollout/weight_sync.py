@@ -33,8 +33,8 @@ import torch
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 MiB = 1 << 20
 T = TypeVar("T")
-_END = object()
 U = TypeVar("U")
+_END = object()  # marks the end of the items in prefetched
 
 
 class WeightSyncError(RuntimeError):
