@@ -45,9 +45,16 @@ def format_row(row: Row) -> str:
     )
 
 
+def _load(result: BenchResult) -> str:
+    if result.load_average is None:
+        return "not recorded"
+    return " / ".join(f"{value:.1f}" for value in result.load_average)
+
+
 def format_result(result: BenchResult) -> str:
-    """The section of one bench: heading, machine, date, table, notes."""
-    lines = [f"## {result.title} (`bench/{result.bench}.py`)", "", f"Machine: {result.machine}  ", f"Date: {result.date}", ""]
+    """The section of one bench: heading, machine, date, load, table, notes."""
+    lines = [f"## {result.title} (`bench/{result.bench}.py`)", "", f"Machine: {result.machine}  ", f"Date: {result.date}  ",
+             f"Load average (1/5/15 min) at the end: {_load(result)}", ""]
     lines += [TABLE_HEAD, *(format_row(row) for row in result.rows)] if result.rows else ["No rows recorded."]
     if result.notes:
         lines += ["", *(f"- {note}" for note in result.notes)]

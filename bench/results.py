@@ -14,6 +14,7 @@ Importable as ``results`` because the benches run as ``python bench/<name>.py``.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,6 +51,9 @@ class BenchResult:
     breakdown: dict[str, dict[str, float]] = field(default_factory=dict)
     machine: str = field(default_factory=machine_line)
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    # the machine's 1/5/15-minute load average when the result was written: other work on the
+    # machine slows every contender, so absolute times from a loaded run are not comparable
+    load_average: Optional[tuple[float, float, float]] = field(default_factory=os.getloadavg)
     schema: int = SCHEMA_VERSION
 
 
@@ -68,4 +72,5 @@ def read_result(path: str | Path) -> BenchResult:
     if raw.get("schema") != SCHEMA_VERSION:
         raise ValueError(f"{path}: bench result schema {raw.get('schema')!r}, expected {SCHEMA_VERSION}; re-run the bench")
     raw["rows"] = [Row(**row) for row in raw["rows"]]
+    raw.setdefault("load_average", None)  # results written before the field existed
     return BenchResult(**raw)

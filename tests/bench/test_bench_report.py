@@ -19,7 +19,8 @@ def _result(bench: str, breakdown: dict[str, dict[str, float]]) -> BenchResult:
     missed = Row(name="dispatch 100 MB", value=0.3, baseline_name="put/get", baseline=0.2, unit="s",
                  ratio=1.5, ratio_meaning="value / baseline", target="<= 1.2", met=False)
     return BenchResult(bench=bench, title=f"Title of {bench}", rows=[row, missed], notes=["settings: tiny"],
-                       breakdown=breakdown, machine="Test CPU; 2 cores", date="2026-01-01 00:00 UTC")
+                       breakdown=breakdown, machine="Test CPU; 2 cores", date="2026-01-01 00:00 UTC",
+                       load_average=(9.5, 4.25, 1.0))
 
 
 @pytest.fixture
@@ -43,6 +44,7 @@ def test_tables_not_run_png_and_findings(bench_dirs: tuple[Path, Path], tmp_path
     assert "| fsdp2 step | 95 tokens/s | plain: 100 tokens/s | 0.950 (value / baseline) | >= 0.9 | yes |" in markdown
     assert "| dispatch 100 MB | 0.3 s | put/get: 0.2 s | 1.500 (value / baseline) | <= 1.2 | **no** |" in markdown
     assert "- settings: tiny" in markdown
+    assert "Load average (1/5/15 min) at the end: 9.5 / 4.2 / 1.0" in markdown
     assert "## `bench/scaling.py`\n\nnot run" in markdown
     assert "## Profile findings\n\nThe top cost is the backward of the LM head." in markdown
     # expected benches first in the order given
@@ -60,3 +62,15 @@ def test_no_breakdown_no_findings(tmp_path: Path) -> None:
     assert not out.with_name("benchmarks_step.png").exists()
     assert "Step breakdown" not in markdown and "Profile findings" not in markdown
     assert "not run" not in markdown
+
+
+def test_result_without_load_average_reads_as_not_recorded(tmp_path: Path) -> None:
+    import json
+
+    path = tmp_path / "results" / "engine_throughput.json"
+    write_result(str(path), _result("engine_throughput", {}))
+    raw = json.loads(path.read_text())
+    del raw["load_average"]  # a result written before the field existed
+    path.write_text(json.dumps(raw))
+    markdown = build_report(path.parent, tmp_path / "benchmarks.md", tmp_path / "absent.md", [])
+    assert "Load average (1/5/15 min) at the end: not recorded" in markdown
