@@ -14,6 +14,7 @@ included under its own heading when the file exists.
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -69,26 +70,34 @@ def load_results(results_dir: Path, expected: list[str]) -> list[tuple[str, Opti
 
 
 def plot_breakdown(results: list[BenchResult], path: Path) -> bool:
-    """Stacked bars of each contender's step phases (seconds), one group per bench; False when no result has one."""
-    bars = [(f"{result.bench}\n{contender}", phases) for result in results for contender, phases in result.breakdown.items()]
-    if not bars:
+    """Stacked bars of each contender's step phases (seconds), one panel per bench (each on its own
+    scale); the same phase has the same colour in every panel. False when no result has a breakdown."""
+    panels = [result for result in results if result.breakdown]
+    if not panels:
         return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    phases = list(dict.fromkeys(phase for _, by_phase in bars for phase in by_phase))
-    figure, axes = plt.subplots(figsize=(max(4.0, 1.6 * len(bars)), 4.0))
-    bottoms = [0.0] * len(bars)
-    for phase in phases:
-        heights = [by_phase.get(phase, 0.0) for _, by_phase in bars]
-        axes.bar(range(len(bars)), heights, bottom=bottoms, label=phase)
-        bottoms = [bottom + height for bottom, height in zip(bottoms, heights)]
-    axes.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
-    axes.set_ylabel("seconds per step")
-    axes.set_title("Step breakdown per contender")
-    axes.legend(fontsize=8)
+    phases = list(dict.fromkeys(phase for result in panels for by_phase in result.breakdown.values() for phase in by_phase))
+    colours = {phase: f"C{index % 10}" for index, phase in enumerate(phases)}
+    widths = [max(2, len(result.breakdown)) for result in panels]
+    figure, axes = plt.subplots(1, len(panels), figsize=(1.8 * sum(widths) + 1.0, 4.5), squeeze=False,
+                                gridspec_kw={"width_ratios": widths})
+    for axis, result in zip(axes[0], panels):
+        contenders = list(result.breakdown)
+        bottoms = [0.0] * len(contenders)
+        for phase in phases:
+            heights = [result.breakdown[contender].get(phase, 0.0) for contender in contenders]
+            if any(heights):
+                axis.bar(range(len(contenders)), heights, bottom=bottoms, color=colours[phase], label=phase)
+            bottoms = [bottom + height for bottom, height in zip(bottoms, heights)]
+        axis.set_xticks(range(len(contenders)), [textwrap.fill(name, 14) for name in contenders], fontsize=7)
+        axis.set_title(result.bench, fontsize=9)
+        axis.set_ylabel("seconds per step")
+        axis.legend(fontsize=7)
+    figure.suptitle("Step breakdown per contender")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)

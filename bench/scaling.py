@@ -15,7 +15,7 @@ parameters that take part in matmuls, the LM head included, the input embedding 
 The ratio of a point is (its step time / x1's) / (its FLOPs / x1's): 1.0 is linear scaling,
 above 1 means the larger point costs more than its FLOPs (informational rows; the issue sets no
 target). Rounds alternate over the points; each point's time is the median over rounds. Each point's
-phases (generate; forward_backward + optim_step) go to the step-breakdown figure.
+phases (generation; update = forward_backward + optim_step) go to the step-breakdown figure.
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def main() -> None:
             close()
     seconds = {name: statistics.median(g + u for g, u, _ in runs) for name, runs in measured.items()}
     flops = {name: statistics.median(f for _, _, f in runs) for name, runs in measured.items()}
-    breakdown = {name: {"generate": statistics.median(g for g, _, _ in runs),
-                        "forward_backward + optim_step": statistics.median(u for _, u, _ in runs)}
+    breakdown = {name: {"generation": statistics.median(g for g, _, _ in runs),
+                        "update": statistics.median(u for _, u, _ in runs)}
                  for name, runs in measured.items()}
     settings = (f"small preset shape, {args.layers} layers at x1 ({params['batch x1'] / 1e6:.2f}M matmul params); "
                 f"{args.prompts} prompts x {args.n} samples at x1, prompts up to {args.prompt_len} tokens, up to "
