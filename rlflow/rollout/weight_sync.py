@@ -1,9 +1,10 @@
 """Weight sync from the trainer to rollout engines: bucketing, name checks, and the Ray object-store path.
 
-Every path moves HF-named full tensors (``BaseEngine.export_hf_weights()``) a bucket at a time:
+Every path moves HF-named full tensors (``BaseEngine.export_hf_weights()``):
 
 * **colocated** (actor and rollout in one process): ``rollout.update_weights(engine.export_hf_weights())``;
-  the backend streams ``iter_buckets`` of the iterator into the engine.
+  the backend streams the iterator into the engine as it is on CPU, and moves it to a GPU in
+  ``iter_buckets`` of ``rollout.weight_sync_bucket_mb``.
 * **split** (a separate rollout worker group): every actor rank runs ``publish_weights`` over its
   export (the export is collective, so all ranks iterate); the publishing rank puts each bucket
   into the Ray object store (``ray.put`` copies each tensor's bytes straight in, no packing copy
