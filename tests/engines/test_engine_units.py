@@ -18,10 +18,11 @@ from rlflow.engines import BaseEngine, EngineConfigError, EngineRegistry, build_
 from rlflow.engines.common import checkpointing as ckpt
 from rlflow.engines.common.hf_export import write_hf_folder
 from rlflow.engines.common.logprob import chunked_log_probs
+from rlflow.engines.common.models import get_model_kind
 from rlflow.engines.common.lr_schedulers import LR_SCHEDULE_REGISTRY, LRSchedule, register_lr_schedule
 from rlflow.engines.common.micro_batching import balanced_partition, plan_micro_batches
 from rlflow.engines.common.optimizers import build_adamw, clean_param_name, no_decay_names
-from rlflow.engines.common.packing import make_token_stream
+from rlflow.engines.common.packing import make_token_stream, row_width
 from rlflow.engines.config import (
     EngineConfig,
     HFModuleEngineConfig,
@@ -108,6 +109,45 @@ def test_packed_rows_fill_the_tail_with_a_separate_block() -> None:
     assert stream.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 1]]
     assert stream.target_index.tolist() == [1, 2, 3, 5, 6, 9]
     assert torch.equal(stream.to_rows(stream.input_ids.reshape(-1)), ids * mask)
+
+
+def test_row_width_widens_rows_only_when_the_filler_saved_outweighs_the_attention() -> None:
+    similar = [84, 80, 70, 60, 50] * 20  # most longer than half the longest: one per row at width 84
+    assert row_width(similar, hidden_size=None) == 84
+    assert row_width(similar, hidden_size=512) > 84  # wider rows pair them up
+    assert row_width(similar, hidden_size=8) == 84  # attention dear relative to the layers: keep rows short
+    assert row_width([84, 20, 20, 20, 20], hidden_size=512) == 84  # already filled at width 84
+
+
+def test_wide_packed_rows_keep_each_sequence_apart() -> None:
+    lengths = [7, 4, 4, 4]  # one per row at width 7, all four in one row of 21
+    width = max(lengths)
+    ids = torch.arange(1, len(lengths) * width + 1).reshape(len(lengths), width)
+    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    narrow = make_token_stream(ids, mask, None, remove_padding=True)
+    wide = make_token_stream(ids, mask, None, remove_padding=True, hidden_size=10**6)
+    assert wide.input_ids.shape[1] > narrow.input_ids.shape[1] and wide.input_ids.numel() < narrow.input_ids.numel()
+    assert torch.equal(wide.to_rows(wide.input_ids.reshape(-1)), ids * mask)
+    assert torch.equal(_targets_as_rows(wide), _targets_as_rows(narrow))
+    starts = (wide.position_ids.reshape(-1) == 0).sum()  # every sequence and each row's filler restart at 0
+    assert starts >= len(lengths)
+
+
+def test_wide_packed_rows_give_the_padded_log_probs(model_path: Path) -> None:
+    """The HF model itself on wide packed rows (several sequences and a filler block per row) against its padded batch."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    forward = get_model_kind("causal_lm").forward_cls(model, logprob_chunk_size=64)
+    generator = torch.Generator().manual_seed(3)
+    lengths = [24, 13, 13, 13, 13]  # one per row at width 24; two rows at width 48
+    ids = torch.randint(3, 100, (len(lengths), 24), generator=generator)
+    mask = (torch.arange(24)[None, :] >= 24 - torch.tensor(lengths)[:, None]).long()  # left padding
+    with torch.no_grad():
+        padded = forward(make_token_stream(ids, mask, None, remove_padding=False), 1.0, False)["log_probs"]
+        wide_stream = make_token_stream(ids, mask, None, remove_padding=True, hidden_size=10**6)
+        wide = forward(wide_stream, 1.0, False)["log_probs"]
+    assert wide_stream.input_ids.shape[1] > max(lengths) and wide_stream.input_ids.numel() < ids.numel()
+    torch.testing.assert_close(wide, padded, atol=1e-5, rtol=0)
+    assert padded.abs().sum() > 0
 
 
 # ---------------------------------------------------------------------------------- log-probs

@@ -42,14 +42,18 @@ def load_forward_module(kind: ModelKind, model_path: Path, config: HFModuleEngin
     return kind.forward_cls(model, config.logprob_chunk_size)
 
 
-def forward_micro_batch(module: nn.Module, micro: DataProto, config: HFModuleEngineConfig) -> dict[str, torch.Tensor]:
-    """Per-token outputs of one micro-batch (``[b, T]``, differentiable) from the wrapped forward module."""
+def forward_micro_batch(
+    module: nn.Module, micro: DataProto, config: HFModuleEngineConfig, hidden_size: Optional[int] = None
+) -> dict[str, torch.Tensor]:
+    """Per-token outputs of one micro-batch (``[b, T]``, differentiable) from the wrapped forward module;
+    ``hidden_size`` (``HFForwardModule.hidden_size``) lets packed rows grow past the longest sequence."""
     stream = make_token_stream(
         micro.batch["input_ids"],
         micro.batch["attention_mask"],
         micro.batch.get("position_ids"),
         remove_padding=config.use_remove_padding,
         attn_implementation=config.attn_implementation,
+        hidden_size=hidden_size,
     )
     temperature = float(micro.meta_info.get("temperature", 1.0))
     compute_entropy = bool(micro.meta_info.get("compute_entropy", False))

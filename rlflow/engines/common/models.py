@@ -36,6 +36,8 @@ class HFForwardModule(nn.Module):
         super().__init__()
         self.model = model
         self.logprob_chunk_size = logprob_chunk_size
+        # sizes the packed rows of non-varlen attention (packing.row_width); None: rows as long as the longest sequence
+        self.hidden_size: Optional[int] = getattr(model.config, "hidden_size", None)
 
 
 class CausalLMForward(HFForwardModule):

@@ -60,6 +60,7 @@ class ModuleEngine(BaseEngine):
         self.group: Optional[dist.ProcessGroup] = None  # the default group: every rank is a data-parallel rank
         forward_module = load_forward_module(self.kind, self.model_path, cfg, self.rank)
         no_decay = no_decay_names(forward_module)
+        self.hidden_size = forward_module.hidden_size
         self.module = self._parallelize(forward_module)
         self.module.train()
         self.optimizer = build_adamw(self.module.named_parameters(), no_decay, cfg.optimizer)
@@ -82,7 +83,7 @@ class ModuleEngine(BaseEngine):
         self, batch: DataProto, loss_fn: Optional[LossFn] = None, forward_only: bool = False
     ) -> tuple[DataProto, dict[str, Any]]:
         self._require_initialized()
-        forward = partial(forward_micro_batch, self.module, config=self.config)
+        forward = partial(forward_micro_batch, self.module, config=self.config, hidden_size=self.hidden_size)
         with self.offloader.params_resident():
             return run_forward_backward(
                 batch, forward, loss_fn, forward_only, self.config, group=self.group, device=self.device,
