@@ -4,6 +4,7 @@ safe pruning, and the trackers' resume (tensorboard purge, wandb without replays
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -203,7 +204,9 @@ def test_wandb_resume_continues_the_run_and_skips_steps_it_holds(tmp_path, monke
             resumed.log({"loss": float(step)}, step)
     assert (tmp_path / "wandb_run_id").read_text().strip() == run_id, "a resumed run continues the same wandb run"
     assert sent == [4] and (tmp_path / "wandb_last_step").read_text().strip() == "4"
-    assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
+    # wandb names a run's folder offline-run-<time>-<id>, adding -1 when both sessions start in the same second
+    run_folders = [p for p in (tmp_path / "wandb").iterdir() if re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", p.name)]
+    assert len(run_folders) == 2
     with Tracking("rlflow-test", "exp", ["wandb"], output_dir=tmp_path) as restarted:
         restarted.log({"loss": 0.5}, 1)  # a run started over (step 1) is a new wandb run
     assert (tmp_path / "wandb_run_id").read_text().strip() != run_id
