@@ -18,7 +18,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-from rlflow.engines.common.models import HFForwardModule, decoder_layer_classes
+from rlflow.engines.common.models import ForwardModule, decoder_layer_classes
 from rlflow.engines.common.module_engine import ModuleEngine
 from rlflow.engines.config import EngineConfigError, HFModuleEngineConfig
 from rlflow.engines.registry import EngineRegistry
@@ -49,7 +49,7 @@ class FSDPEngine(ModuleEngine):
     config_class = FSDPEngineConfig
     config: FSDPEngineConfig
 
-    def _parallelize(self, module: HFForwardModule) -> nn.Module:
+    def _parallelize(self, module: ForwardModule) -> nn.Module:
         cfg = self.config
         if cfg.sharding_strategy not in _STRATEGIES:
             raise EngineConfigError(f"sharding_strategy={cfg.sharding_strategy!r}; choose one of {sorted(_STRATEGIES)}")

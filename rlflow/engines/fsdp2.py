@@ -15,17 +15,18 @@ gradient copy per rank between micro-batches). A checkpoint resumes at any world
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
-from rlflow.engines.common.models import HFForwardModule, decoder_layer_classes
+from rlflow.engines.common.fully_shard import full_tensor, iter_full_tensors, unsynced_grads
+from rlflow.engines.common.models import ForwardModule, decoder_layer_classes
 from rlflow.engines.common.module_engine import ModuleEngine
 from rlflow.engines.config import EngineConfigError, HFModuleEngineConfig
 from rlflow.engines.registry import EngineRegistry
@@ -63,7 +64,7 @@ class FSDP2Engine(ModuleEngine):
             self.device.type, (replicate, self.world_size // replicate), mesh_dim_names=("dp_replicate", "dp_shard")
         )
 
-    def _parallelize(self, module: HFForwardModule) -> nn.Module:
+    def _parallelize(self, module: ForwardModule) -> nn.Module:
         cfg = self.config
         self.device_mesh = self._device_mesh()
         mp_policy = MixedPrecisionPolicy(param_dtype=resolve_dtype(cfg.param_dtype), reduce_dtype=resolve_dtype(cfg.reduce_dtype))
@@ -75,37 +76,18 @@ class FSDP2Engine(ModuleEngine):
         return module
 
     def _grad_reduce_deferral(self) -> Optional[Callable[[], AbstractContextManager[Any]]]:
-        return self._unsynced_grads if self.config.defer_grad_reduce else None
-
-    @contextmanager
-    def _unsynced_grads(self) -> Iterator[None]:
-        """Accumulate this micro-batch's gradients unsharded (no reduce-scatter); the last micro-batch reduces all."""
-        self.module.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            self.module.set_requires_gradient_sync(True)
+        return partial(unsynced_grads, self.module) if self.config.defer_grad_reduce else None
 
     def _clip_grad_norm(self, max_norm: float) -> float:
         params = [p for p in self.module.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
+        return full_tensor(norm).item()
 
     def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, param in self.module.named_parameters():
-            yield name, _full_tensor(param.detach())
+        return iter_full_tensors(self.module)
 
     def _move_module(self, device: torch.device) -> None:
         self.module.to(device)
 
     def _layout(self) -> dict[str, Any]:
         return {"dp_replicate": self.config.hybrid_replicate_size}  # dp_shard = world size / dp_replicate
-
-
-def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor: gathered from its shards, or (a mesh of one rank) the local tensor itself, uncopied."""
-    if not isinstance(tensor, DTensor):
-        return tensor
-    if tensor.device_mesh.size() == 1:
-        return tensor.to_local()
-    return tensor.full_tensor()

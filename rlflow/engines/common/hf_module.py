@@ -1,6 +1,6 @@
 """Helpers for engines that run the Hugging Face module itself (``HFModuleEngineConfig``).
 
-Such an engine wraps one ``HFForwardModule`` (``models.py``) in its parallelism
+Such an engine wraps one ``ForwardModule`` (``models.py``) in its parallelism
 (FSDP, FSDP2, DDP ...) and composes:
 
 * ``load_forward_module``: load the HF model of a model kind with the config's dtype,
@@ -21,17 +21,17 @@ from typing import Iterable, Iterator, Optional
 import torch
 from torch import nn
 
-from rlflow.engines.common.models import FORWARD_PREFIX, HFForwardModule, ModelKind
+from rlflow.engines.common.models import FORWARD_PREFIX, ForwardModule, ModelKind
 from rlflow.engines.common.optimizers import clean_param_name
 from rlflow.engines.common.packing import make_token_stream
-from rlflow.engines.config import HFModuleEngineConfig
+from rlflow.engines.config import EngineConfig, HFModuleEngineConfig
 from rlflow.protocol import DataProto
 from rlflow.utils.seed import set_seed
 
 __all__ = ["forward_micro_batch", "hf_named_tensors", "load_forward_module"]
 
 
-def load_forward_module(kind: ModelKind, model_path: Path, config: HFModuleEngineConfig, rank: int) -> HFForwardModule:
+def load_forward_module(kind: ModelKind, model_path: Path, config: HFModuleEngineConfig, rank: int) -> ForwardModule:
     """The model of ``kind`` from ``model_path`` as an (unwrapped) forward module; seeds ``config.seed + rank`` after."""
     set_seed(config.seed)  # identical on every rank: any freshly initialised weights (a new value head) agree
     model = kind.load(model_path, dtype=config.dtype, attn_implementation=config.attn_implementation,
@@ -43,16 +43,21 @@ def load_forward_module(kind: ModelKind, model_path: Path, config: HFModuleEngin
 
 
 def forward_micro_batch(
-    module: nn.Module, micro: DataProto, config: HFModuleEngineConfig, hidden_size: Optional[int] = None
+    module: nn.Module,
+    micro: DataProto,
+    config: EngineConfig,
+    hidden_size: Optional[int] = None,
+    attn_implementation: Optional[str] = None,
 ) -> dict[str, torch.Tensor]:
     """Per-token outputs of one micro-batch (``[b, T]``, differentiable) from the wrapped forward module;
-    ``hidden_size`` (``HFForwardModule.hidden_size``) lets packed rows grow past the longest sequence."""
+    ``hidden_size`` and ``attn_implementation`` (``ForwardModule``'s; the latter defaults to the config's)
+    choose the packed layout."""
     stream = make_token_stream(
         micro.batch["input_ids"],
         micro.batch["attention_mask"],
         micro.batch.get("position_ids"),
         remove_padding=config.use_remove_padding,
-        attn_implementation=config.attn_implementation,
+        attn_implementation=attn_implementation or config.attn_implementation,
         hidden_size=hidden_size,
     )
     temperature = float(micro.meta_info.get("temperature", 1.0))

@@ -4,8 +4,10 @@ A model kind says how to load the model (always through ``rlflow.models.loading`
 same path as any checkpoint), how to turn one ``TokenStream`` into per-token outputs,
 and whether its exported HF folder takes the loaded model's config (a value model loaded
 from a causal-LM folder is written as its classification class). Engines shard the *forward module*
-(``HFForwardModule`` subclasses): a thin ``nn.Module`` whose ``.model`` is the HF model,
-so parameter names are ``"model." + hf_name``.
+(``ForwardModule`` subclasses): a thin ``nn.Module`` whose ``.model`` is the model (the HF
+model itself for fsdp/fsdp2, so parameter names are ``"model." + hf_name``; another
+implementation, such as torchtitan's, subclasses ``CausalLMForward`` and overrides only the
+backbone call and the output embeddings).
 """
 
 from __future__ import annotations
@@ -29,31 +31,51 @@ __all__ = ["FORWARD_PREFIX", "MODEL_KINDS", "ModelKind", "decoder_layer_classes"
 FORWARD_PREFIX = "model."
 
 
-class HFForwardModule(nn.Module):
-    """Base of the modules engines shard: holds the HF model as ``self.model``."""
+class ForwardModule(nn.Module):
+    """Base of the modules engines shard: holds the model as ``self.model``.
 
-    def __init__(self, model: nn.Module, logprob_chunk_size: int) -> None:
+    ``hidden_size`` sizes the packed rows of non-varlen attention (``packing.row_width``; None:
+    rows as long as the longest sequence) and ``attn_implementation`` says which stream layout
+    the model's attention takes (``packing.VARLEN_ATTENTION``: one row; otherwise rows). Both
+    default to the HF config's values."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        logprob_chunk_size: int,
+        hidden_size: Optional[int] = None,
+        attn_implementation: Optional[str] = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.logprob_chunk_size = logprob_chunk_size
-        # sizes the packed rows of non-varlen attention (packing.row_width); None: rows as long as the longest sequence
-        self.hidden_size: Optional[int] = getattr(model.config, "hidden_size", None)
+        config = getattr(model, "config", None)
+        self.hidden_size: Optional[int] = hidden_size or getattr(config, "hidden_size", None)
+        self.attn_implementation: str = attn_implementation or getattr(config, "_attn_implementation", None) or "sdpa"
 
 
-class CausalLMForward(HFForwardModule):
+class CausalLMForward(ForwardModule):
     """Backbone -> hidden states -> chunked log-probs (and entropy) of each next token in the stream."""
 
-    def forward(self, stream: TokenStream, temperature: float, compute_entropy: bool) -> dict[str, torch.Tensor]:
-        hidden = self.model.base_model(
+    def hidden_states(self, stream: TokenStream) -> torch.Tensor:
+        """The backbone's last hidden states, ``[rows, width, hidden]`` (final norm applied)."""
+        return self.model.base_model(
             input_ids=stream.input_ids,
             attention_mask=stream.attention_mask,
             position_ids=stream.position_ids,
             use_cache=False,
         ).last_hidden_state
+
+    def output_embeddings(self) -> nn.Module:
+        """The LM head (a module with ``.weight`` ``[vocab, hidden]`` and maybe ``.bias``)."""
+        return self.model.get_output_embeddings()
+
+    def forward(self, stream: TokenStream, temperature: float, compute_entropy: bool) -> dict[str, torch.Tensor]:
+        hidden = self.hidden_states(stream)
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, stream.source_index)
         log_probs, entropy = chunked_log_probs(
             hidden,
-            self.model.get_output_embeddings(),
+            self.output_embeddings(),
             stream.labels,
             temperature=temperature,
             chunk_size=self.logprob_chunk_size,
@@ -65,7 +87,7 @@ class CausalLMForward(HFForwardModule):
         return outputs
 
 
-class ValueForward(HFForwardModule):
+class ValueForward(ForwardModule):
     """HF classification model with one label: the score head on every stream token."""
 
     def forward(self, stream: TokenStream, temperature: float, compute_entropy: bool) -> dict[str, torch.Tensor]:
@@ -84,7 +106,7 @@ class ModelKind:
     """How one kind of model is loaded, run and written as an HF folder."""
 
     load: Callable[..., nn.Module]
-    forward_cls: type[HFForwardModule]
+    forward_cls: type[ForwardModule]
     output_keys: tuple[str, ...]
     # None: an export keeps the source folder's config.json. Otherwise the config an export of a model
     # loaded from a folder writes (naming the model's class), read from the folder alone (offline export).

@@ -3,7 +3,9 @@
 It is a composition of the shared helpers (``hf_module``: loading, micro-batch forward
 and HF names; ``forward_backward``: the micro-batch loop; ``optimizer_step``;
 ``offload``; ``checkpointing``; ``hf_export``) around the hooks at the bottom of the
-class, which are all a sharding engine (FSDP, FSDP2, ...) implements.
+class, which are all a sharding engine (FSDP, FSDP2, ...) implements. The model hooks
+default to the HF module (fsdp, fsdp2); an engine built on another model implementation
+(torchtitan) overrides how the forward module is loaded and how its names map to HF.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ from rlflow.engines.common.distributed import join_process_group
 from rlflow.engines.common.forward_backward import run_forward_backward
 from rlflow.engines.common.hf_export import save_hf_from_export
 from rlflow.engines.common.hf_module import forward_micro_batch, hf_named_tensors, load_forward_module
-from rlflow.engines.common.models import HFForwardModule, get_model_kind
+from rlflow.engines.common.models import ForwardModule, get_model_kind
 from rlflow.engines.common.modes import module_mode
 from rlflow.engines.common.offload import HostOffload
 from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.engines.common.optimizers import build_adamw, move_optimizer_state, no_decay_names
-from rlflow.engines.config import HFModuleEngineConfig
+from rlflow.engines.config import EngineConfig, HFModuleEngineConfig
 from rlflow.protocol import DataProto
 
 __all__ = ["ModuleEngine"]
@@ -45,11 +47,11 @@ class ModuleEngine(BaseEngine):
     """Shared implementation of ``BaseEngine`` for engines whose model is one data-parallel-sharded module."""
 
     config_class = HFModuleEngineConfig
-    config: HFModuleEngineConfig
+    config: EngineConfig
     # RESHARD: the state is a DCP checkpoint of FQN-keyed state dicts, which DCP redistributes over any world size
     capabilities = frozenset({Capability.MIXED_PRECISION, Capability.VALUE_MODEL, Capability.RESHARD})
 
-    def __init__(self, config: HFModuleEngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
+    def __init__(self, config: EngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
         super().__init__(config, model_path, model_kind)
         self.kind = get_model_kind(model_kind)
         self.module: Optional[nn.Module] = None
@@ -58,9 +60,10 @@ class ModuleEngine(BaseEngine):
         cfg = self.config
         self.device, self.rank, self.world_size = join_process_group(cfg.device)
         self.group: Optional[dist.ProcessGroup] = None  # the default group: every rank is a data-parallel rank
-        forward_module = load_forward_module(self.kind, self.model_path, cfg, self.rank)
+        forward_module = self._load_forward_module()
         no_decay = no_decay_names(forward_module)
         self.hidden_size = forward_module.hidden_size
+        self.attn_implementation = forward_module.attn_implementation
         self.module = self._parallelize(forward_module)
         self.module.train()
         self.optimizer = build_adamw(self.module.named_parameters(), no_decay, cfg.optimizer)
@@ -83,7 +86,8 @@ class ModuleEngine(BaseEngine):
         self, batch: DataProto, loss_fn: Optional[LossFn] = None, forward_only: bool = False
     ) -> tuple[DataProto, dict[str, Any]]:
         self._require_initialized()
-        forward = partial(forward_micro_batch, self.module, config=self.config, hidden_size=self.hidden_size)
+        forward = partial(forward_micro_batch, self.module, config=self.config, hidden_size=self.hidden_size,
+                          attn_implementation=self.attn_implementation)
         with self.offloader.params_resident():
             return run_forward_backward(
                 batch, forward, loss_fn, forward_only, self.config, group=self.group, device=self.device,
@@ -129,16 +133,27 @@ class ModuleEngine(BaseEngine):
     def export_hf_weights(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
         self._require_initialized()
         with self.offloader.params_resident():
-            yield from hf_named_tensors(self._iter_full_tensors(), dtype)
+            yield from self._hf_named_tensors(self._iter_full_tensors(), dtype)
 
     def save_hf(self, path: str | Path) -> None:
         self._require_initialized()
         config = self.kind.export_config(self.module)
         save_hf_from_export(path, self.export_hf_weights(), self.model_path, config, self.group)
 
+    # ------------------------------------------------------------------ model hooks
+    def _load_forward_module(self) -> ForwardModule:
+        """The unwrapped forward module of ``self.kind`` (default: the HF model, ``hf_module.load_forward_module``)."""
+        return load_forward_module(self.kind, self.model_path, self.config, self.rank)
+
+    def _hf_named_tensors(
+        self, named_full_tensors: Iterator[tuple[str, torch.Tensor]], dtype: Optional[torch.dtype]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, tensor)`` from ``_iter_full_tensors`` (default: the HF module's own names)."""
+        return hf_named_tensors(named_full_tensors, dtype)
+
     # ------------------------------------------------------------------ sharding hooks
     @abc.abstractmethod
-    def _parallelize(self, module: HFForwardModule) -> nn.Module:
+    def _parallelize(self, module: ForwardModule) -> nn.Module:
         """Shard ``module`` (decoder layers, then the root) and return the module to call."""
 
     @abc.abstractmethod
