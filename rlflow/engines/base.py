@@ -34,10 +34,11 @@ import enum
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Optional
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Optional
 
 import torch
 
+from rlflow.engines.common.hf_module import hf_named_tensors
 from rlflow.engines.config import EngineConfig, EngineConfigError
 from rlflow.protocol import DataProto
 
@@ -232,6 +233,20 @@ class BaseEngine(abc.ABC):
     def save_hf(self, path: str | Path) -> None:
         """Write an HF folder (weights in the stored dtype, config, tokenizer files of the source
         folder) that ``AutoModelForCausalLM`` / ``AutoTokenizer`` load. Rank 0 writes; all ranks must call."""
+
+    @classmethod
+    def checkpoint_hf_tensors(
+        cls, state: Iterable[tuple[str, torch.Tensor]], model_files: Path
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF ``(name, tensor)`` pairs from the model state of a checkpoint this engine wrote, offline.
+
+        ``rlflow-export`` reads the checkpoint's model state on one process (``(state name, full
+        tensor)``, in saved order) and calls this on the class named in its ``engine_meta.json``;
+        ``model_files`` is the HF folder with the model's ``config.json``. The default is the
+        naming of engines that shard the HF module itself: ``"model." + hf_name`` (fsdp, fsdp2,
+        DDP); an engine with another model implementation maps its names as its live export does.
+        """
+        return hf_named_tensors(state)
 
     @property
     @abc.abstractmethod

@@ -8,7 +8,8 @@
 * an engine checkpoint folder (the one holding ``engine_meta.json``).
 
 The weights are read from the checkpoint's sharded DCP state whatever world size and engine
-(fsdp, fsdp2, ...) wrote it (``checkpoint_reader``); config and tokenizer files come from the
+(fsdp, fsdp2, torchtitan, ...) wrote it (``checkpoint_reader``), and named as HF names by that
+engine's class (``BaseEngine.checkpoint_hf_tensors``); config and tokenizer files come from the
 checkpoint's ``hf_config/`` or ``--model-path``; tied weights are written once, as
 ``save_pretrained`` and the engines' ``save_hf`` write them. ``OUT`` is written atomically and replaced only
 when it is missing, empty or an earlier rlflow export. Bad input: one line, exit status 2.
@@ -24,6 +25,7 @@ from typing import Optional
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from rlflow.engines import BaseEngine, EngineRegistry
 from rlflow.engines.common.checkpoint_reader import read_model_weights
 from rlflow.engines.common.checkpointing import HF_CONFIG_DIR, META_FILE, read_meta, resolve_checkpoint_dir
 from rlflow.engines.common.hf_export import EXPORT_MARKER, write_hf_folder
@@ -101,6 +103,12 @@ def _tied_copies(source: Path) -> set[str]:
     return {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
 
 
+def _engine_class(name: Optional[str]) -> type[BaseEngine]:
+    """The engine class that wrote a checkpoint (its state names); an engine not registered in this
+    process (a plugin) is read with the HF module's naming, the base contract's default."""
+    return EngineRegistry.get(name) if name in EngineRegistry.names() else BaseEngine
+
+
 def _check_out(out: Path) -> None:
     if out.is_file():
         raise ExportError(f"OUT {out} is a file; name a folder for the HF export")
@@ -111,13 +119,15 @@ def _check_out(out: Path) -> None:
 def export_checkpoint(checkpoint: Path, out: Path, role: Optional[str] = None, model_path: Optional[Path] = None) -> Path:
     """Write the HF folder ``out`` from ``checkpoint`` (see the module doc); returns the engine folder read."""
     folder = _engine_folder(checkpoint, role)
-    model_kind = read_meta(folder).get("model_kind")
+    meta = read_meta(folder)
+    model_kind = meta.get("model_kind")
     if model_kind not in MODEL_KINDS:
         raise CheckpointError(f"checkpoint {folder}: model kind {model_kind!r} is not one of {sorted(MODEL_KINDS)}")
     source = _model_files(folder, model_path)
     _check_out(out)
     tied = _tied_copies(source)
-    weights = [(name, tensor) for name, tensor in read_model_weights(folder) if name not in tied]
+    hf_tensors = _engine_class(meta.get("engine")).checkpoint_hf_tensors(read_model_weights(folder), source)
+    weights = [(name, tensor) for name, tensor in hf_tensors if name not in tied]
     folder_config = MODEL_KINDS[model_kind].folder_export_config
     write_hf_folder(out, weights, source, folder_config(source) if folder_config else None)
     return folder

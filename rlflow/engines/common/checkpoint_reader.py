@@ -6,8 +6,9 @@ wrapped forward module's parameter names (``model.<hf name>``), whatever the eng
 sharding (FSDP1's sharded tensors, FSDP2's DTensors, DDP's replicas), because the engines save
 through ``get_state_dict``. ``read_model_weights`` allocates each model tensor at its full
 size from the checkpoint's metadata and lets DCP fill it from the shards of every rank (the
-optimizer state is not read), then turns the names into HF names with ``hf_named_tensors``,
-the same mapping the engines' live export uses. Memory: one copy of the model.
+optimizer state is not read). The names stay the checkpoint's: the engine class that wrote it
+turns them into HF names (``BaseEngine.checkpoint_hf_tensors``, the mapping its live export
+uses). Memory: one copy of the model.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from rlflow.engines.common.checkpointing import MODEL_OPTIM_DIR
-from rlflow.engines.common.hf_module import hf_named_tensors
 from rlflow.errors import CheckpointError
 
 __all__ = ["read_model_weights"]
@@ -37,7 +37,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def read_model_weights(folder: Path) -> list[tuple[str, torch.Tensor]]:
-    """``(hf_name, full tensor)`` of every model weight in the engine checkpoint ``folder``, in saved order.
+    """``(state name, full tensor)`` of every model weight in the engine checkpoint ``folder``, in saved order.
 
     Raises ``CheckpointError`` (one line) when ``model_optim/`` is missing, holds no model state,
     or a shard cannot be read.
@@ -66,4 +66,4 @@ def read_model_weights(folder: Path) -> list[tuple[str, torch.Tensor]]:
             f"checkpoint {folder}: the model state in {MODEL_OPTIM_DIR}/ cannot be read ({_first_line(error)}); "
             f"the checkpoint is damaged, export an earlier one"
         ) from None
-    return list(hf_named_tensors((key.removeprefix(_MODEL_KEY), tensor) for key, tensor in state.items()))
+    return [(key.removeprefix(_MODEL_KEY), tensor) for key, tensor in state.items()]
