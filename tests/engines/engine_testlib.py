@@ -215,7 +215,8 @@ def nll_token_mean(outputs: dict[str, torch.Tensor], micro: DataProto, ctx: Any)
 
 
 def full_grads(engine: Any) -> dict[str, torch.Tensor]:
-    """Every parameter's full gradient under HF names (collective; DDP, FSDP1 and FSDP2 aware)."""
+    """Every parameter's full gradient under HF names (collective; DDP, FSDP1 and FSDP2 aware; an engine with
+    its own parameter names maps them with the hook its HF export uses)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel
@@ -230,5 +231,6 @@ def full_grads(engine: Any) -> dict[str, torch.Tensor]:
     grads = {}
     for name, param in module.named_parameters():
         grad = param.grad
-        grads[hf_name(name)] = grad.full_tensor() if isinstance(grad, DTensor) else grad.detach().clone()
-    return grads
+        grads[name] = grad.full_tensor() if isinstance(grad, DTensor) else grad.detach().clone()
+    to_hf = getattr(engine, "_hf_named_tensors", None)  # a model with its own names (torchtitan) maps them as it exports
+    return dict(to_hf(iter(grads.items()), None)) if to_hf else {hf_name(name): grad for name, grad in grads.items()}

@@ -270,7 +270,7 @@ def test_registering_a_new_engine() -> None:
     assert issubclass(ToyEngine, BaseEngine)
 
 
-@pytest.mark.parametrize("name", ["fsdp", "fsdp2"])
+@pytest.mark.parametrize("name", ["fsdp", "fsdp2", "torchtitan"])
 def test_engine_yaml_is_valid_and_documented(name: str) -> None:
     from hydra import compose, initialize_config_dir
 

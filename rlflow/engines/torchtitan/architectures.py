@@ -1,0 +1,190 @@
+"""HF config -> torchtitan model: the model families the ``torchtitan`` engine builds, by HF ``model_type``.
+
+Each ``TitanArchitecture`` names torchtitan's own pieces for one family: the model config
+(derived here from the HF ``config.json``, so any checkpoint of the family loads, not only
+torchtitan's named sizes), its HF state-dict adapter (``from_hf`` / ``to_hf``) and its
+parallelize function. Adding a family is one registered builder.
+
+What the derivation takes from the HF config: hidden size, layers, heads, KV heads, head dim,
+MLP width, vocabulary, RMSNorm eps, rotary base (and Llama-3 rotary scaling), tied embeddings,
+Qwen3's q/k norms and Qwen2's q/k/v biases. What torchtitan's dense families do not have is
+refused in one line: other attention or MLP biases, sliding-window attention, other rotary scalings.
+
+torchtitan ships no Qwen2 model; Qwen2 is Qwen3's decoder without q/k norms and with biases on
+the q/k/v projections, so ``qwen2`` builds torchtitan's ``Qwen3Model`` that way and converts its
+weights with Qwen3's adapter plus the three bias names (``Qwen2StateDictAdapter``).
+
+Q, K and V stay separate projections (``fuse_qkv=False``): torchtitan's fused QKV module renames
+its parameter in state-dict hooks, which DCP's ``get_state_dict`` (rlflow's checkpoints) rejects.
+Parameters are initialised by ``param_init`` only to give the meta-built model real storage;
+every one of them is then overwritten by the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from torch import nn
+from torchtitan.models.common import ComplexRoPE, CosSinRoPE, Embedding, Linear, RoPE
+from torchtitan.models.common.attention import GQAttention
+from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config
+from torchtitan.models.common.decoder import Decoder
+from torchtitan.models.common.nn_modules import RMSNorm
+from torchtitan.models.llama3 import Llama3Model, parallelize_llama
+from torchtitan.models.llama3.model import Llama3TransformerBlock
+from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+from torchtitan.models.qwen3 import Qwen3Model, parallelize_qwen3
+from torchtitan.models.qwen3.model import Qwen3TransformerBlock
+from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+from transformers import PretrainedConfig
+
+from rlflow.engines.config import EngineConfigError
+from rlflow.utils.registry import Registry
+
+__all__ = ["ARCHITECTURES", "Qwen2StateDictAdapter", "TitanArchitecture", "titan_architecture"]
+
+_INIT = {"weight": nn.init.ones_, "bias": nn.init.zeros_}  # storage only: the checkpoint overwrites every parameter
+
+
+@dataclass(frozen=True)
+class TitanArchitecture:
+    """torchtitan's pieces for one HF model family."""
+
+    model_config: Callable[[PretrainedConfig, str], Decoder.Config]  # (HF config, attention backend) -> config
+    adapter: type  # StateDictAdapter subclass: from_hf / to_hf
+    parallelize: Callable[..., nn.Module]  # torchtitan's parallelize_<family>
+
+
+ARCHITECTURES: Registry[TitanArchitecture] = Registry("torchtitan model family", "config.json model_type",
+                                                      error=EngineConfigError)
+
+
+def titan_architecture(hf_config: PretrainedConfig) -> TitanArchitecture:
+    """The registered family of ``hf_config.model_type`` (error lists the supported ones)."""
+    return ARCHITECTURES.get(str(getattr(hf_config, "model_type", "")))
+
+
+def _rope_parameters(hf: PretrainedConfig) -> dict[str, Any]:
+    """``rope_parameters`` (transformers 5) or the older ``rope_theta`` / ``rope_scaling`` pair."""
+    params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+    params.setdefault("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def _head_dim(hf: PretrainedConfig) -> int:
+    return getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+
+
+def _refuse_unsupported(hf: PretrainedConfig) -> None:
+    unsupported = {
+        "attention_bias": bool(getattr(hf, "attention_bias", False)),
+        "mlp_bias": bool(getattr(hf, "mlp_bias", False)),
+        "use_sliding_window": bool(getattr(hf, "use_sliding_window", False)),
+    }
+    found = [key for key, on in unsupported.items() if on]
+    if found:
+        raise EngineConfigError(
+            f"the torchtitan engine's {hf.model_type} model has no {', '.join(found)}; "
+            "use the fsdp2 engine for this checkpoint"
+        )
+
+
+def _decoder_config(
+    hf: PretrainedConfig,
+    model_cls: type[Decoder],
+    block_cls: type,
+    rope: RoPE.Config,
+    attn_backend: str,
+    qk_norm: bool,
+    qkv_bias: bool = False,
+) -> Decoder.Config:
+    _refuse_unsupported(hf)
+    dim, head_dim = hf.hidden_size, _head_dim(hf)
+
+    def attention() -> GQAttention.Config:
+        config = make_gqa_config(
+            dim=dim, n_heads=hf.num_attention_heads, n_kv_heads=hf.num_key_value_heads, head_dim=head_dim,
+            wqkv_param_init=_INIT, wo_param_init=_INIT, inner_attention=get_attention_config(attn_backend),
+            fuse_qkv=False, rope=rope, qk_norm=norm(head_dim) if qk_norm else None,
+        )
+        if qkv_bias:
+            qkv = config.qkv_linear
+            config.qkv_linear = replace(qkv, wq=replace(qkv.wq, bias=True), wkv=replace(qkv.wkv, bias=True))
+        return config
+
+    def norm(size: int) -> RMSNorm.Config:
+        return RMSNorm.Config(normalized_shape=size, eps=hf.rms_norm_eps, param_init=_INIT)
+
+    layers = [
+        block_cls.Config(
+            attention_norm=norm(dim),
+            ffn_norm=norm(dim),
+            attention=attention(),
+            feed_forward=make_ffn_config(dim=dim, hidden_dim=hf.intermediate_size, w1_param_init=_INIT,
+                                         w2w3_param_init=_INIT),
+        )
+        for _ in range(hf.num_hidden_layers)
+    ]
+    return model_cls.Config(
+        dim=dim,
+        vocab_size=hf.vocab_size,
+        norm=norm(dim),
+        enable_weight_tying=bool(getattr(hf, "tie_word_embeddings", False)),
+        tok_embeddings=Embedding.Config(num_embeddings=hf.vocab_size, embedding_dim=dim, param_init=_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=hf.vocab_size, param_init=_INIT),
+        layers=layers,
+    )
+
+
+def _qwen_rope(hf: PretrainedConfig) -> CosSinRoPE.Config:
+    rope = _rope_parameters(hf)
+    if rope["rope_type"] != "default":
+        raise EngineConfigError(f"the torchtitan engine's {hf.model_type} model has no rope_type={rope['rope_type']!r} scaling")
+    return CosSinRoPE.Config(dim=_head_dim(hf), max_seq_len=hf.max_position_embeddings, theta=rope["rope_theta"])
+
+
+def _qwen3(hf: PretrainedConfig, attn_backend: str) -> Decoder.Config:
+    return _decoder_config(hf, Qwen3Model, Qwen3TransformerBlock, _qwen_rope(hf), attn_backend, qk_norm=True)
+
+
+def _qwen2(hf: PretrainedConfig, attn_backend: str) -> Decoder.Config:
+    return _decoder_config(hf, Qwen3Model, Qwen3TransformerBlock, _qwen_rope(hf), attn_backend, qk_norm=False,
+                           qkv_bias=True)
+
+
+class Qwen2StateDictAdapter(Qwen3StateDictAdapter):
+    """Qwen3's HF <-> torchtitan names plus Qwen2's q/k/v projection biases."""
+
+    def __init__(self, model_config: Qwen3Model.Config, hf_assets_path: str | None) -> None:
+        super().__init__(model_config, hf_assets_path)
+        for hf_proj, titan_proj in (("q_proj", "wq"), ("k_proj", "wk"), ("v_proj", "wv")):
+            self.from_hf_map[f"model.layers.{{}}.self_attn.{hf_proj}.bias"] = (
+                f"layers.{{}}.attention.qkv_linear.{titan_proj}.bias"
+            )
+
+
+# HF rope_type -> torchtitan ComplexRoPE scaling, with the HF keys of its parameters
+_LLAMA_ROPE_SCALING: dict[str, tuple[str, dict[str, str]]] = {
+    "default": ("none", {}),
+    "llama3": ("llama", {"scaling_factor": "factor", "low_freq_factor": "low_freq_factor",
+                         "high_freq_factor": "high_freq_factor",
+                         "original_max_position_embeddings": "original_max_position_embeddings"}),
+}
+
+
+def _llama(hf: PretrainedConfig, attn_backend: str) -> Decoder.Config:
+    rope = _rope_parameters(hf)
+    if rope["rope_type"] not in _LLAMA_ROPE_SCALING:
+        raise EngineConfigError(f"the torchtitan engine's llama model has no rope_type={rope['rope_type']!r} scaling; "
+                                f"supported: {sorted(_LLAMA_ROPE_SCALING)}")
+    scaling, keys = _LLAMA_ROPE_SCALING[rope["rope_type"]]
+    rope_config = ComplexRoPE.Config(dim=_head_dim(hf), max_seq_len=hf.max_position_embeddings, theta=rope["rope_theta"],
+                                     scaling=scaling, **{titan: rope[key] for titan, key in keys.items()})
+    return _decoder_config(hf, Llama3Model, Llama3TransformerBlock, rope_config, attn_backend, qk_norm=False)
+
+
+ARCHITECTURES.add("qwen2", TitanArchitecture(_qwen2, Qwen2StateDictAdapter, parallelize_qwen3))
+ARCHITECTURES.add("qwen3", TitanArchitecture(_qwen3, Qwen3StateDictAdapter, parallelize_qwen3))
+ARCHITECTURES.add("llama", TitanArchitecture(_llama, Llama3StateDictAdapter, parallelize_llama))

@@ -1,0 +1,191 @@
+"""``torchtitan``: torchtitan's own decoder models and parallelize functions behind the engine contract.
+
+The model is torchtitan's class for the checkpoint's family (``architectures.py``: qwen2, qwen3,
+llama), its config derived from the HF ``config.json`` and its weights converted by the family's
+state-dict adapter (``from_hf`` in, ``to_hf`` out, tied embeddings written once as HF does).
+Parallelism is the family's own ``parallelize_<family>``: torchtitan's FSDP2 wrapping over a
+``ParallelDims`` mesh built from rlflow's config, full activation checkpointing
+(``gradient_checkpointing``) and ``torch.compile`` (``compile``) as switches.
+
+What rlflow keeps and torchtitan's trainer would otherwise own (``docs/engines.md``):
+
+* the process group: the rlflow worker's (``join_process_group``); torchtitan's
+  ``init_distributed`` is never called, so its comm settings do not exist here;
+* data, tokenizer, metrics: rlflow's; torchtitan's dataloader, tokenizer and loggers are never built;
+* the optimizer and LR schedule: rlflow's shared AdamW (no weight decay on 1-D parameters)
+  and warmup-from-``step + 1`` schedule, with the per-step LR override;
+* gradient averaging: rlflow's loss is a mean over the data-parallel ranks' tokens and FSDP
+  averages across them, so torchtitan's ``disable_fsdp_gradient_division`` (it divides by the
+  global token count itself) is undone after its parallelize;
+* checkpoints: DCP through the shared checkpointer (model, optimizer, schedule, RNG).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.activation_checkpoint import FullAC
+from torchtitan.models.common.decoder import Decoder
+from torchtitan.protocols.state_dict_adapter import StateDictAdapter
+from transformers import AutoConfig
+
+from rlflow.engines.base import Capability
+from rlflow.engines.common.fully_shard import clip_grad_norm, iter_full_tensors, unsynced_grads
+from rlflow.engines.common.models import FORWARD_PREFIX, ForwardModule
+from rlflow.engines.common.module_engine import ModuleEngine
+from rlflow.engines.common.optimizers import clean_param_name
+from rlflow.engines.config import EngineConfig, EngineConfigError
+from rlflow.engines.registry import EngineRegistry
+from rlflow.engines.torchtitan.architectures import TitanArchitecture, titan_architecture
+from rlflow.engines.torchtitan.cpu_compat import CPU_STREAM_ATTENTION, apply_cpu_compat, cpu_device_type
+from rlflow.engines.torchtitan.forward import TitanCausalLMForward
+from rlflow.models.hf_checkpoint import load_causal_lm, require_model_folder, resolve_dtype
+from rlflow.utils.seed import set_seed
+
+__all__ = ["TorchtitanEngine", "TorchtitanEngineConfig"]
+
+_TITAN_PARAM_DTYPES = ("float32", "bfloat16")  # TrainingConfig.mixed_precision_param
+_RESHARD_POLICIES = ("default", "always", "never")  # ParallelismConfig.fsdp_reshard_after_forward
+
+
+@dataclass
+class TorchtitanEngineConfig(EngineConfig):
+    """Options of the ``torchtitan`` engine (rlflow/configs/engine/torchtitan.yaml)."""
+
+    name: str = "torchtitan"
+    logprob_chunk_size: int = 1024  # tokens per chunk when turning hidden states into log-probs
+    fsdp_reshard_after_forward: str = "default"  # torchtitan's policy: default | always | never
+    defer_grad_reduce: bool = True  # reduce-scatter gradients once per mini-batch, not per micro-batch
+    compile: bool = False  # torch.compile each transformer block (GPU-first; see docs/engines.md)
+
+    def range_checks(self) -> dict[str, bool]:
+        return {
+            **super().range_checks(),
+            "logprob_chunk_size": self.logprob_chunk_size >= 1,
+            "param_dtype": self.param_dtype in _TITAN_PARAM_DTYPES,
+            "reduce_dtype": self.reduce_dtype == "float32",
+            "fsdp_reshard_after_forward": self.fsdp_reshard_after_forward in _RESHARD_POLICIES,
+        }
+
+
+@EngineRegistry.register("torchtitan")
+class TorchtitanEngine(ModuleEngine):
+    """torchtitan model + FSDP2 (its ``parallelize_<family>``) engine for causal LMs."""
+
+    config_class = TorchtitanEngineConfig
+    config: TorchtitanEngineConfig
+    capabilities = frozenset({Capability.MIXED_PRECISION, Capability.RESHARD})
+
+    def __init__(self, config: TorchtitanEngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
+        super().__init__(config, model_path, model_kind)  # refuses value models (no Capability.VALUE_MODEL)
+        self.folder = require_model_folder(self.model_path)
+        self.architecture, self.model_config = _titan_model(self.folder, config.trust_remote_code)
+
+    @classmethod
+    def checkpoint_hf_tensors(
+        cls, state: Iterable[tuple[str, torch.Tensor]], model_files: Path
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        architecture, model_config = _titan_model(model_files, trust_remote_code=False)
+        return _to_hf(architecture.adapter(model_config, None), state, None)
+
+    # ------------------------------------------------------------------ model hooks
+    def _load_forward_module(self) -> ForwardModule:
+        cfg = self.config
+        set_seed(cfg.seed)
+        with torch.device("meta"):
+            model = self.model_config.build()
+        model.to_empty(device=self.device)
+        model.to(dtype=resolve_dtype(cfg.dtype))
+        model.init_states(buffer_device=self.device)  # RoPE caches computed here, in float32
+        self.adapter = self.architecture.adapter(self.model_config, None)
+        hf_model = load_causal_lm(self.folder, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        model.load_state_dict(self.adapter.from_hf(hf_model.state_dict()), strict=True)
+        # transformers' embedding leaves the padding token's row out of training (nn.Embedding padding_idx);
+        # torchtitan's Embedding is an nn.Embedding that follows the same rule once told the index
+        model.tok_embeddings.padding_idx = hf_model.get_input_embeddings().padding_idx
+        del hf_model
+        set_seed(cfg.seed + self.rank)
+        attn_implementation = "flex_attention"  # one packed row: flex attention's block mask skips what it masks
+        if self.device.type == "cpu":
+            apply_cpu_compat(model)
+            attn_implementation = CPU_STREAM_ATTENTION
+        return TitanCausalLMForward(model, cfg.logprob_chunk_size, attn_implementation)
+
+    def _hf_named_tensors(
+        self, named_full_tensors: Iterator[tuple[str, torch.Tensor]], dtype: Optional[torch.dtype]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        return _to_hf(self.adapter, named_full_tensors, dtype)
+
+    # ------------------------------------------------------------------ sharding hooks
+    def _parallelize(self, module: ForwardModule) -> nn.Module:
+        cfg = self.config
+        parallelism = ParallelismConfig(fsdp_reshard_after_forward=cfg.fsdp_reshard_after_forward,
+                                        spmd_backend="partial_dtensor")
+        self.parallel_dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=1,
+                                          world_size=self.world_size, spmd_backend="partial_dtensor")
+        with cpu_device_type() if self.device.type == "cpu" else nullcontext():
+            self.parallel_dims.build_mesh()
+        self.model_config.update_from_config(config=SimpleNamespace(parallelism=parallelism))
+        training = TrainingConfig(mixed_precision_param=cfg.param_dtype, mixed_precision_reduce=cfg.reduce_dtype)
+        with tempfile.TemporaryDirectory(prefix="rlflow-titan-") as dump_folder:  # torchtitan's debug dumps only
+            self.architecture.parallelize(
+                module.model,
+                parallel_dims=self.parallel_dims,
+                training=training,
+                parallelism=parallelism,
+                compile_config=CompileConfig(enable=cfg.compile),
+                ac_config=FullAC.Config() if cfg.gradient_checkpointing else None,
+                dump_folder=dump_folder,
+            )
+        # The forward module becomes the FSDP root (no parameters of its own): the chunked LM head runs after the
+        # decoder's forward returns, and FSDP2 completes its units' forward state only at the end of the root's.
+        mp_policy = MixedPrecisionPolicy(param_dtype=resolve_dtype(cfg.param_dtype), reduce_dtype=resolve_dtype(cfg.reduce_dtype))
+        fully_shard(module, mesh=self.parallel_dims.get_mesh("fsdp"), mp_policy=mp_policy)
+        for unit in module.modules():
+            if isinstance(unit, FSDPModule):
+                unit.set_gradient_divide_factor(None)  # FSDP's default again: the mean over the data-parallel ranks
+        return module
+
+    def _grad_reduce_deferral(self) -> Optional[Callable[[], AbstractContextManager[Any]]]:
+        return partial(unsynced_grads, self.module) if self.config.defer_grad_reduce else None
+
+    def _clip_grad_norm(self, max_norm: float) -> float:
+        return clip_grad_norm(self.module.parameters(), max_norm)
+
+    def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter_full_tensors(self.module)
+
+    def _move_module(self, device: torch.device) -> None:
+        self.module.to(device)
+
+    def _layout(self) -> dict[str, Any]:
+        return {}  # dp_shard = world size; DCP reshards across world sizes
+
+
+def _titan_model(folder: Path, trust_remote_code: bool) -> tuple[TitanArchitecture, Decoder.Config]:
+    """The torchtitan family and model config of the HF folder (one-line error for what it cannot build)."""
+    hf_config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+    architecture = titan_architecture(hf_config)
+    return architecture, architecture.model_config(hf_config, "flex")
+
+
+def _to_hf(
+    adapter: StateDictAdapter, named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: Optional[torch.dtype]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(hf_name, tensor)`` from the forward module's ``model.<titan name>`` tensors, one at a time (``to_hf``
+    leaves out a tied ``lm_head.weight``: HF writes tied embeddings once)."""
+    for name, tensor in named_tensors:
+        titan_name = clean_param_name(name).removeprefix(FORWARD_PREFIX)
+        for hf_name, hf_tensor in adapter.to_hf({titan_name: tensor}).items():
+            yield hf_name, hf_tensor if dtype is None else hf_tensor.to(dtype)

@@ -1,0 +1,34 @@
+"""The torchtitan decoder as rlflow's causal-LM forward module.
+
+``TitanCausalLMForward`` reuses ``CausalLMForward``'s chunked log-prob head and overrides only
+the two model calls: the backbone is torchtitan's ``Decoder`` run with ``_skip_lm_head`` (its
+output is the final-norm hidden states) and document masks built by the model itself from
+``position_ids`` (``get_attention_masks``: a sequence starts where the positions reset to 0, so
+packed rows and left padding both mask correctly); the output embeddings are its ``lm_head``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchtitan.models.common.decoder import Decoder
+
+from rlflow.engines.common.models import CausalLMForward
+from rlflow.engines.common.packing import TokenStream
+
+__all__ = ["TitanCausalLMForward"]
+
+
+class TitanCausalLMForward(CausalLMForward):
+    """Per-token log-probs (and entropy) from a torchtitan ``Decoder`` held as ``self.model``."""
+
+    def __init__(self, model: Decoder, logprob_chunk_size: int, attn_implementation: str) -> None:
+        super().__init__(model, logprob_chunk_size, hidden_size=model.config.dim, attn_implementation=attn_implementation)
+        model._skip_lm_head = True  # the head runs chunked in CausalLMForward, never as full [tokens, vocab] logits
+
+    def hidden_states(self, stream: TokenStream) -> torch.Tensor:
+        positions = stream.position_ids
+        return self.model(stream.input_ids, positions, self.model.get_attention_masks(positions))
+
+    def output_embeddings(self) -> nn.Module:
+        return self.model.lm_head
