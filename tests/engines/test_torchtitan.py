@@ -168,3 +168,18 @@ def test_what_the_engine_cannot_run_fails_in_one_line(models: dict[str, Path], t
     with pytest.raises(EngineConfigError, match="torchtitan model family") as error:
         build_engine({"name": "torchtitan"}, tmp_path / "other")
     assert "\n" not in str(error.value)
+
+
+def test_the_cpu_mask_is_torchtitans_packed_document_mask(models: dict[str, Path]) -> None:
+    """cpu_compat's dense mask equals torchtitan's own BlockMask (evaluated densely) on packed and padded rows."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from rlflow.engines.torchtitan.cpu_compat import document_causal_mask
+
+    engine = build_engine({"name": "torchtitan"}, models["tiny-qwen3"])
+    with torch.device("meta"):
+        model = engine.model_config.build()
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 0, 0, 1], [0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 6, 6]])
+    block_mask = model.get_attention_masks(positions)  # meta model: the mask needs only the config
+    expected = create_mask(block_mask.mask_mod, 2, None, 12, 12, device="cpu")
+    assert torch.equal(document_causal_mask(positions), expected)

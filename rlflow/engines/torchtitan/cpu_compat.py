@@ -5,11 +5,13 @@ engine's device is the CPU; on CUDA none of this runs and torchtitan's own calls
 
 * **Attention.** torchtitan's language models take ``flex`` or ``varlen`` attention. On CPU,
   flex attention has no backward and varlen needs flash attention. ``DenseMaskAttention``
-  replaces ``FlexAttention.forward`` (``torchtitan.models.common.attention``): it evaluates the
-  same ``BlockMask``'s ``mask_mod`` (causal + packed document, from ``position_ids``) on the
-  full query x key grid and calls SDPA with that boolean mask. Its cost grows with the square of
-  the row, so on CPU the engine packs sequences into rows (``CPU_STREAM_ATTENTION``) instead of
-  one row per micro-batch.
+  replaces ``FlexAttention`` (``torchtitan.models.common.attention``) and takes, instead of the
+  model's ``BlockMask``, ``document_causal_mask(positions)``: the same mask (causal, and a
+  document starts where the positions reset to 0, as in torchtitan's packed-document mask)
+  as a dense boolean ``[B, 1, L, L]`` tensor, built with a few tensor ops rather than by
+  evaluating a mask function per element; SDPA then applies it. Its cost grows with the square
+  of the row, so on CPU the engine packs sequences into rows (``CPU_STREAM_ATTENTION``) instead
+  of one row per micro-batch.
 * **Device mesh.** ``ParallelDims.build_mesh`` calls ``init_device_mesh`` with torchtitan's
   module-level ``device_type``, which falls back to ``"cuda"`` on a machine without an
   accelerator; ``cpu_device_type`` sets it to ``"cpu"`` while the mesh is built.
@@ -23,18 +25,26 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.flex_attention import BlockMask, create_mask
 from torchtitan.distributed import parallel_dims as titan_parallel_dims
 from torchtitan.models.common.attention import FlexAttention
 
-__all__ = ["CPU_STREAM_ATTENTION", "DenseMaskAttention", "apply_cpu_compat", "cpu_device_type"]
+__all__ = ["CPU_STREAM_ATTENTION", "DenseMaskAttention", "apply_cpu_compat", "cpu_device_type", "document_causal_mask"]
 
 # the packed layout for DenseMaskAttention: rows sized like sdpa's (packing.row_width), not one row
 CPU_STREAM_ATTENTION = "sdpa"
 
 
+def document_causal_mask(positions: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, L, L]`` bool: query i may see key j when j <= i and both are in the same document."""
+    document = (positions == 0).cumsum(-1)
+    same_document = document[:, :, None] == document[:, None, :]
+    length = positions.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=positions.device).tril()
+    return (same_document & causal).unsqueeze(1)
+
+
 class DenseMaskAttention(nn.Module):
-    """``FlexAttention`` for CPU: the BlockMask evaluated densely, then SDPA (inputs and output ``[B, L, N, H]``)."""
+    """``FlexAttention`` for CPU: SDPA under a dense boolean mask (inputs and output ``[B, L, N, H]``)."""
 
     def forward(
         self,
@@ -42,7 +52,7 @@ class DenseMaskAttention(nn.Module):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        attention_masks: BlockMask,
+        attention_masks: torch.Tensor,
         scale: float | None = None,
         enable_gqa: bool = False,
         **unsupported: Any,
@@ -50,10 +60,9 @@ class DenseMaskAttention(nn.Module):
         extra = [name for name, value in unsupported.items() if value is not None]
         if extra:
             raise NotImplementedError(f"the CPU attention fallback does not take {extra} (flex attention options)")
-        batch, length = q.shape[0], q.shape[1]
-        mask = create_mask(attention_masks.mask_mod, batch, None, length, length, device=q.device)
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale, enable_gqa=enable_gqa
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attention_masks, scale=scale,
+            enable_gqa=enable_gqa,
         )
         return out.transpose(1, 2)
 

@@ -48,7 +48,12 @@ from rlflow.engines.common.optimizers import clean_param_name
 from rlflow.engines.config import EngineConfig, EngineConfigError
 from rlflow.engines.registry import EngineRegistry
 from rlflow.engines.torchtitan.architectures import TitanArchitecture, titan_architecture
-from rlflow.engines.torchtitan.cpu_compat import CPU_STREAM_ATTENTION, apply_cpu_compat, cpu_device_type
+from rlflow.engines.torchtitan.cpu_compat import (
+    CPU_STREAM_ATTENTION,
+    apply_cpu_compat,
+    cpu_device_type,
+    document_causal_mask,
+)
 from rlflow.engines.torchtitan.forward import TitanCausalLMForward
 from rlflow.models.hf_checkpoint import load_causal_lm, require_model_folder, resolve_dtype
 from rlflow.utils.seed import set_seed
@@ -116,11 +121,11 @@ class TorchtitanEngine(ModuleEngine):
         model.tok_embeddings.padding_idx = hf_model.get_input_embeddings().padding_idx
         del hf_model
         set_seed(cfg.seed + self.rank)
-        attn_implementation = "flex_attention"  # one packed row: flex attention's block mask skips what it masks
         if self.device.type == "cpu":
             apply_cpu_compat(model)
-            attn_implementation = CPU_STREAM_ATTENTION
-        return TitanCausalLMForward(model, cfg.logprob_chunk_size, attn_implementation)
+            return TitanCausalLMForward(model, cfg.logprob_chunk_size, CPU_STREAM_ATTENTION, document_causal_mask)
+        # one packed row: flex attention's block mask skips the blocks it masks
+        return TitanCausalLMForward(model, cfg.logprob_chunk_size, "flex_attention")
 
     def _hf_named_tensors(
         self, named_full_tensors: Iterator[tuple[str, torch.Tensor]], dtype: Optional[torch.dtype]

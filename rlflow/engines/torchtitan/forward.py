@@ -2,12 +2,15 @@
 
 ``TitanCausalLMForward`` reuses ``CausalLMForward``'s chunked log-prob head and overrides only
 the two model calls: the backbone is torchtitan's ``Decoder`` run with ``_skip_lm_head`` (its
-output is the final-norm hidden states) and document masks built by the model itself from
-``position_ids`` (``get_attention_masks``: a sequence starts where the positions reset to 0, so
-packed rows and left padding both mask correctly); the output embeddings are its ``lm_head``.
+output is the final-norm hidden states) and document masks built from ``position_ids`` (a
+sequence starts where the positions reset to 0, so packed rows and left padding both mask
+correctly): by the model itself (``get_attention_masks``, a flex ``BlockMask``) or, on CPU, by
+``cpu_compat.document_causal_mask``; the output embeddings are its ``lm_head``.
 """
 
 from __future__ import annotations
+
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -22,13 +25,21 @@ __all__ = ["TitanCausalLMForward"]
 class TitanCausalLMForward(CausalLMForward):
     """Per-token log-probs (and entropy) from a torchtitan ``Decoder`` held as ``self.model``."""
 
-    def __init__(self, model: Decoder, logprob_chunk_size: int, attn_implementation: str) -> None:
+    def __init__(
+        self,
+        model: Decoder,
+        logprob_chunk_size: int,
+        attn_implementation: str,
+        attention_masks: Optional[Callable[[torch.Tensor], Any]] = None,
+    ) -> None:
+        """``attention_masks(position_ids)`` builds what the model's attention takes (default: its own)."""
         super().__init__(model, logprob_chunk_size, hidden_size=model.config.dim, attn_implementation=attn_implementation)
         model._skip_lm_head = True  # the head runs chunked in CausalLMForward, never as full [tokens, vocab] logits
+        self.attention_masks = attention_masks or model.get_attention_masks
 
     def hidden_states(self, stream: TokenStream) -> torch.Tensor:
         positions = stream.position_ids
-        return self.model(stream.input_ids, positions, self.model.get_attention_masks(positions))
+        return self.model(stream.input_ids, positions, self.attention_masks(positions))
 
     def output_embeddings(self) -> nn.Module:
         return self.model.lm_head
