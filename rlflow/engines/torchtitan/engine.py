@@ -45,7 +45,7 @@ from rlflow.engines.common.fully_shard import clip_grad_norm, iter_full_tensors,
 from rlflow.engines.common.models import FORWARD_PREFIX, ForwardModule
 from rlflow.engines.common.module_engine import ModuleEngine
 from rlflow.engines.common.optimizers import clean_param_name
-from rlflow.engines.config import EngineConfig, EngineConfigError
+from rlflow.engines.config import EngineConfig
 from rlflow.engines.registry import EngineRegistry
 from rlflow.engines.torchtitan.architectures import TitanArchitecture, titan_architecture
 from rlflow.engines.torchtitan.cpu_compat import (
