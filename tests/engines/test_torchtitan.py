@@ -9,6 +9,8 @@ PyTorch, accumulation, checkpoints and resume, export, on the tiny Qwen2 preset)
 * the first optimizer step runs at the warmup LR, not 0, and torchtitan's own schedule (0.3.0)
   indexes warmup from ``step + 1`` too;
 * ``gradient_checkpointing`` recomputes each transformer block in backward (its forward runs twice);
+* tensor parallelism (TP=2): log-probs match ``transformers``, only TP rank 0 collects, and
+  ``save_hf`` after training loads with the engine's log-probs;
 * what the engine cannot run fails at construction with one line.
 """
 
@@ -168,18 +170,51 @@ def test_what_the_engine_cannot_run_fails_in_one_line(models: dict[str, Path], t
     with pytest.raises(EngineConfigError, match="torchtitan model family") as error:
         build_engine({"name": "torchtitan"}, tmp_path / "other")
     assert "\n" not in str(error.value)
+    with pytest.raises(EngineConfigError, match="tensor_parallel_size=1 for a checkpoint with tie_word_embeddings"):
+        build_engine({"name": "torchtitan", "tensor_parallel_size": 2}, models["tiny-qwen3"])
 
 
 def test_the_cpu_mask_is_torchtitans_packed_document_mask(models: dict[str, Path]) -> None:
     """cpu_compat's dense mask equals torchtitan's own BlockMask (evaluated densely) on packed and padded rows."""
     from torch.nn.attention.flex_attention import create_mask
+    from torchtitan.models.common.attention import FlexAttention
+    from transformers import AutoConfig
 
+    from rlflow.engines.torchtitan.architectures import titan_architecture
     from rlflow.engines.torchtitan.cpu_compat import document_causal_mask
 
-    engine = build_engine({"name": "torchtitan"}, models["tiny-qwen3"])
-    with torch.device("meta"):
-        model = engine.model_config.build()
+    hf_config = AutoConfig.from_pretrained(models["tiny-qwen3"])
+    with torch.device("meta"):  # torchtitan's model as it runs on GPU: flex attention
+        model = titan_architecture(hf_config).model_config(hf_config, FlexAttention.Config).build()
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 0, 0, 1], [0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 6, 6]])
     block_mask = model.get_attention_masks(positions)  # meta model: the mask needs only the config
     expected = create_mask(block_mask.mask_mod, 2, None, 12, 12, device="cpu")
     assert torch.equal(document_causal_mask(positions), expected)
+
+
+def tensor_parallel_suite(rank: int, world_size: int, model: Path, out_dir: Path) -> None:
+    """TP=2 on 2 ranks (one data-parallel group): log-probs, the mesh each rank reports, then train and save_hf."""
+    engine = new_engine(engine_config("torchtitan", tensor_parallel_size=2, micro_batch_size=8), model)
+    results: dict[str, Any] = {"mesh": engine.mesh, "log_probs": _log_probs(engine, make_batch(seed=5))}
+    for seed in (40, 41):
+        engine.forward_backward(make_batch(seed), nll_token_mean)
+        engine.optim_step()
+    engine.save_hf(out_dir / "export_tp2")
+    results["trained_log_probs"] = _log_probs(engine, make_batch(seed=5))
+    torch.save(results, out_dir / f"tp_rank{rank}.pt")
+
+
+def test_tensor_parallel_matches_transformers_and_exports(tmp_path: Path) -> None:
+    # Qwen3 (its q/k norms are replicated across the TP ranks while the heads are sharded), untied: TP refuses tied
+    untied = build_preset(tmp_path / "qwen3-untied", tokenizer_corpus(), preset="tiny-qwen3", seed=0, tie_word_embeddings=False)
+    spawn(tensor_parallel_suite, 2, untied, tmp_path)
+    ranks = [torch.load(tmp_path / f"tp_rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+    assert [(r["mesh"].dp_rank, r["mesh"].dp_size, r["mesh"].is_collect) for r in ranks] == [(0, 1, True), (0, 1, False)]
+    batch = make_batch(seed=5)
+    for model_path, key in ((untied, "log_probs"), (tmp_path / "export_tp2", "trained_log_probs")):
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        with torch.no_grad():
+            expected, _ = reference_token_stats(model, batch)
+        diff = (ranks[0][key] - expected)[expected != 0].abs().max().item()
+        assert diff <= ATOL, f"TP=2 {key} vs transformers ({model_path.name}): {diff:.2e}"
+    assert not torch.equal(ranks[0]["log_probs"], ranks[0]["trained_log_probs"]), "the TP steps must train"

@@ -4,7 +4,8 @@ One SFT job (tiny preset, 2-digit addition, seed 0, 16 samples per step in micro
 4, fp32, sequence packing, 5 steps) runs through the real entry code (``run_sft`` with
 ``trainer.launcher=torchrun``) on each engine in ``EngineRegistry.names()``, world size 1 in
 the test process and world size 2 in one pair of spawned processes. Every loss curve must match the first engine's at world size 1
-within 1e-4 relative per step (docs/sft.md explains the tolerance), and that reference curve
+within 1e-4 relative per step, and so must the torchtitan engine's at tensor parallel size 2
+(``LAYOUTS``; docs/sft.md explains the tolerance), and that reference curve
 must match a plain single-process PyTorch loop (HF model, padded batches, AdamW) written
 independently of the engines. A newly registered engine with its rlflow/configs/engine/<name>.yaml
 (the job picks it with ``engine=<name>``) joins automatically; engines registered without one
@@ -63,12 +64,23 @@ def job_overrides(assets: SFTAssets, engine: str, run_dir: Path) -> list[str]:
     ]
 
 
+# label -> (engine, extra overrides): layouts beyond data parallelism, run at world size 2
+LAYOUTS = {"torchtitan/tp2": ("torchtitan", ["engine.tensor_parallel_size=2"])}
+RUNS = {**{engine: (engine, []) for engine in ENGINES}, **{k: v for k, v in LAYOUTS.items() if v[0] in ENGINES}}
+
+
+def runs_at(world_size: int) -> list[str]:
+    return [label for label in RUNS if label in ENGINES or world_size == 2]
+
+
 def run_every_engine(rank: int, assets: SFTAssets, out_dir: Path, world_size: int) -> None:
-    """On each rank: the job on every engine in turn (the process group is reused)."""
+    """On each rank: the job on every engine (and layout) in turn (the process group is reused)."""
     curves = {}
-    for engine in ENGINES:
-        history = run_sft(sft_config(job_overrides(assets, engine, out_dir / f"{engine}_ws{world_size}")))
-        curves[engine] = step_losses(history)
+    for label in runs_at(world_size):
+        engine, extra = RUNS[label]
+        run_dir = out_dir / f"{label.replace('/', '_')}_ws{world_size}"
+        history = run_sft(sft_config(job_overrides(assets, engine, run_dir) + extra))
+        curves[label] = step_losses(history)
     if rank == 0:
         (out_dir / f"curves_ws{world_size}.json").write_text(json.dumps(curves))
 
@@ -127,7 +139,6 @@ def test_reference_engine_matches_a_plain_pytorch_loop(curves):
     assert plain[STEPS] < plain[1], "the job must actually train"
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("world_size,engine", [(ws, label) for ws in WORLD_SIZES for label in runs_at(ws)])
 def test_engine_loss_curve_matches_the_reference(curves, engine, world_size):
     assert_curves_close(curves[world_size][engine], curves[1][ENGINES[0]], f"{engine} ws={world_size}")

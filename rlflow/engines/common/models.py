@@ -66,8 +66,8 @@ class CausalLMForward(ForwardModule):
             use_cache=False,
         ).last_hidden_state
 
-    def output_embeddings(self) -> nn.Module:
-        """The LM head (a module with ``.weight`` ``[vocab, hidden]`` and maybe ``.bias``)."""
+    def output_embeddings(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The LM head: hidden states ``[n, hidden]`` -> logits ``[n, vocab]``."""
         return self.model.get_output_embeddings()
 
     def forward(self, stream: TokenStream, temperature: float, compute_entropy: bool) -> dict[str, torch.Tensor]:

@@ -59,7 +59,8 @@ class ModuleEngine(BaseEngine):
     def initialize(self) -> None:
         cfg = self.config
         self.device, self.rank, self.world_size = join_process_group(cfg.device)
-        self.group: Optional[dist.ProcessGroup] = None  # the default group: every rank is a data-parallel rank
+        self.group: Optional[dist.ProcessGroup] = None  # checkpoints and exports: every rank (the default group)
+        self.dp_group: Optional[dist.ProcessGroup] = None  # global batch counts: the data-parallel ranks (None: all)
         forward_module = self._load_forward_module()
         no_decay = no_decay_names(forward_module)
         self.hidden_size = forward_module.hidden_size
@@ -90,7 +91,7 @@ class ModuleEngine(BaseEngine):
                           attn_implementation=self.attn_implementation)
         with self.offloader.params_resident():
             return run_forward_backward(
-                batch, forward, loss_fn, forward_only, self.config, group=self.group, device=self.device,
+                batch, forward, loss_fn, forward_only, self.config, group=self.dp_group, device=self.device,
                 no_sync=self._grad_reduce_deferral(),
             )
 

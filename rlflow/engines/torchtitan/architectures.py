@@ -28,7 +28,7 @@ from typing import Any, Callable
 from torch import nn
 from torchtitan.models.common import ComplexRoPE, CosSinRoPE, Embedding, Linear, RoPE
 from torchtitan.models.common.attention import GQAttention
-from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config
+from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
 from torchtitan.models.common.decoder import Decoder
 from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.llama3 import Llama3Model, parallelize_llama
@@ -37,12 +37,16 @@ from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 from torchtitan.models.qwen3 import Qwen3Model, parallelize_qwen3
 from torchtitan.models.qwen3.model import Qwen3TransformerBlock
 from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+from torchtitan.protocols.module import Module
 from transformers import PretrainedConfig
 
 from rlflow.engines.config import EngineConfigError
 from rlflow.utils.registry import Registry
 
-__all__ = ["ARCHITECTURES", "Qwen2StateDictAdapter", "TitanArchitecture", "titan_architecture"]
+# builds each layer's inner-attention config: torchtitan's FlexAttention, or the CPU fallback (cpu_compat)
+AttentionConfig = Callable[[], Module.Config]
+
+__all__ = ["ARCHITECTURES", "AttentionConfig", "Qwen2StateDictAdapter", "TitanArchitecture", "titan_architecture"]
 
 _INIT = {"weight": nn.init.ones_, "bias": nn.init.zeros_}  # storage only: the checkpoint overwrites every parameter
 
@@ -51,7 +55,7 @@ _INIT = {"weight": nn.init.ones_, "bias": nn.init.zeros_}  # storage only: the c
 class TitanArchitecture:
     """torchtitan's pieces for one HF model family."""
 
-    model_config: Callable[[PretrainedConfig, str], Decoder.Config]  # (HF config, attention backend) -> config
+    model_config: Callable[[PretrainedConfig, AttentionConfig], Decoder.Config]  # (HF config, inner attention) -> config
     adapter: type  # StateDictAdapter subclass: from_hf / to_hf
     parallelize: Callable[..., nn.Module]  # torchtitan's parallelize_<family>
 
@@ -96,7 +100,7 @@ def _decoder_config(
     model_cls: type[Decoder],
     block_cls: type,
     rope: RoPE.Config,
-    attn_backend: str,
+    inner_attention: AttentionConfig,
     qk_norm: bool,
     qkv_bias: bool = False,
 ) -> Decoder.Config:
@@ -106,7 +110,7 @@ def _decoder_config(
     def attention() -> GQAttention.Config:
         config = make_gqa_config(
             dim=dim, n_heads=hf.num_attention_heads, n_kv_heads=hf.num_key_value_heads, head_dim=head_dim,
-            wqkv_param_init=_INIT, wo_param_init=_INIT, inner_attention=get_attention_config(attn_backend),
+            wqkv_param_init=_INIT, wo_param_init=_INIT, inner_attention=inner_attention(),
             fuse_qkv=False, rope=rope, qk_norm=norm(head_dim) if qk_norm else None,
         )
         if qkv_bias:
@@ -145,12 +149,12 @@ def _qwen_rope(hf: PretrainedConfig) -> CosSinRoPE.Config:
     return CosSinRoPE.Config(dim=_head_dim(hf), max_seq_len=hf.max_position_embeddings, theta=rope["rope_theta"])
 
 
-def _qwen3(hf: PretrainedConfig, attn_backend: str) -> Decoder.Config:
-    return _decoder_config(hf, Qwen3Model, Qwen3TransformerBlock, _qwen_rope(hf), attn_backend, qk_norm=True)
+def _qwen3(hf: PretrainedConfig, inner_attention: AttentionConfig) -> Decoder.Config:
+    return _decoder_config(hf, Qwen3Model, Qwen3TransformerBlock, _qwen_rope(hf), inner_attention, qk_norm=True)
 
 
-def _qwen2(hf: PretrainedConfig, attn_backend: str) -> Decoder.Config:
-    return _decoder_config(hf, Qwen3Model, Qwen3TransformerBlock, _qwen_rope(hf), attn_backend, qk_norm=False,
+def _qwen2(hf: PretrainedConfig, inner_attention: AttentionConfig) -> Decoder.Config:
+    return _decoder_config(hf, Qwen3Model, Qwen3TransformerBlock, _qwen_rope(hf), inner_attention, qk_norm=False,
                            qkv_bias=True)
 
 
@@ -174,7 +178,7 @@ _LLAMA_ROPE_SCALING: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
-def _llama(hf: PretrainedConfig, attn_backend: str) -> Decoder.Config:
+def _llama(hf: PretrainedConfig, inner_attention: AttentionConfig) -> Decoder.Config:
     rope = _rope_parameters(hf)
     if rope["rope_type"] not in _LLAMA_ROPE_SCALING:
         raise EngineConfigError(f"the torchtitan engine's llama model has no rope_type={rope['rope_type']!r} scaling; "
@@ -182,7 +186,7 @@ def _llama(hf: PretrainedConfig, attn_backend: str) -> Decoder.Config:
     scaling, keys = _LLAMA_ROPE_SCALING[rope["rope_type"]]
     rope_config = ComplexRoPE.Config(dim=_head_dim(hf), max_seq_len=hf.max_position_embeddings, theta=rope["rope_theta"],
                                      scaling=scaling, **{titan: rope[key] for titan, key in keys.items()})
-    return _decoder_config(hf, Llama3Model, Llama3TransformerBlock, rope_config, attn_backend, qk_norm=False)
+    return _decoder_config(hf, Llama3Model, Llama3TransformerBlock, rope_config, inner_attention, qk_norm=False)
 
 
 ARCHITECTURES.add("qwen2", TitanArchitecture(_qwen2, Qwen2StateDictAdapter, parallelize_qwen3))

@@ -1,12 +1,13 @@
 """What the torchtitan engine changes on CPU, and only there (measured facts: ``../shared/PLATFORM.md``).
 
-Each patch names the torchtitan call it replaces. ``apply_cpu_compat`` runs them when the
-engine's device is the CPU; on CUDA none of this runs and torchtitan's own calls do.
+Each piece names the torchtitan call it replaces. The engine uses them when its device is the
+CPU; on CUDA none of this runs and torchtitan's own calls do.
 
 * **Attention.** torchtitan's language models take ``flex`` or ``varlen`` attention. On CPU,
-  flex attention has no backward and varlen needs flash attention. ``DenseMaskAttention``
-  replaces ``FlexAttention`` (``torchtitan.models.common.attention``) and takes, instead of the
-  model's ``BlockMask``, ``document_causal_mask(positions)``: the same mask (causal, and a
+  flex attention has no backward and varlen needs flash attention. The model config gets
+  ``DenseMaskAttention`` as its inner attention instead of ``FlexAttention``
+  (``torchtitan.models.common.attention``), and it takes, instead of the model's ``BlockMask``
+  (``Decoder.get_attention_masks``), ``document_causal_mask(positions)``: the same mask (causal, and a
   document starts where the positions reset to 0, as in torchtitan's packed-document mask)
   as a dense boolean ``[B, 1, L, L]`` tensor, built with a few tensor ops rather than by
   evaluating a mask function per element; SDPA then applies it. Its cost grows with the square
@@ -20,15 +21,16 @@ engine's device is the CPU; on CUDA none of this runs and torchtitan's own calls
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchtitan.distributed import parallel_dims as titan_parallel_dims
-from torchtitan.models.common.attention import FlexAttention
+from torchtitan.protocols.module import Module
 
-__all__ = ["CPU_STREAM_ATTENTION", "DenseMaskAttention", "apply_cpu_compat", "cpu_device_type", "document_causal_mask"]
+__all__ = ["CPU_STREAM_ATTENTION", "DenseMaskAttention", "cpu_device_type", "document_causal_mask"]
 
 # the packed layout for DenseMaskAttention: rows sized like sdpa's (packing.row_width), not one row
 CPU_STREAM_ATTENTION = "sdpa"
@@ -43,14 +45,25 @@ def document_causal_mask(positions: torch.Tensor) -> torch.Tensor:
     return (same_document & causal).unsqueeze(1)
 
 
-class DenseMaskAttention(nn.Module):
-    """``FlexAttention`` for CPU: SDPA under a dense boolean mask (inputs and output ``[B, L, N, H]``)."""
+class DenseMaskAttention(Module):
+    """The inner attention in ``FlexAttention``'s place on CPU: SDPA under a dense boolean mask.
+
+    A torchtitan ``Module`` built from its own config in the model config, so tensor parallelism's
+    local_map (installed on whatever inner-attention config the layer has) hands it local q/k/v
+    with this rank's heads, as it does for ``FlexAttention``. Inputs and output ``[B, L, N, H]``."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Module.Config):
+        pass
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
 
     def forward(
         self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        q_BLNH: torch.Tensor,
+        k_BLNH: torch.Tensor,
+        v_BLNH: torch.Tensor,
         *,
         attention_masks: torch.Tensor,
         scale: float | None = None,
@@ -61,18 +74,10 @@ class DenseMaskAttention(nn.Module):
         if extra:
             raise NotImplementedError(f"the CPU attention fallback does not take {extra} (flex attention options)")
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attention_masks, scale=scale,
-            enable_gqa=enable_gqa,
+            q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2), attn_mask=attention_masks,
+            scale=scale, enable_gqa=enable_gqa,
         )
         return out.transpose(1, 2)
-
-
-def apply_cpu_compat(model: nn.Module) -> None:
-    """Swap every ``FlexAttention`` inner attention of ``model`` for ``DenseMaskAttention`` (in place)."""
-    for layer in model.modules():
-        for name, child in list(layer.named_children()):
-            if isinstance(child, FlexAttention):
-                setattr(layer, name, DenseMaskAttention())
 
 
 @contextmanager

@@ -3,9 +3,10 @@
 The model is torchtitan's class for the checkpoint's family (``architectures.py``: qwen2, qwen3,
 llama), its config derived from the HF ``config.json`` and its weights converted by the family's
 state-dict adapter (``from_hf`` in, ``to_hf`` out, tied embeddings written once as HF does).
-Parallelism is the family's own ``parallelize_<family>``: torchtitan's FSDP2 wrapping over a
-``ParallelDims`` mesh built from rlflow's config, full activation checkpointing
-(``gradient_checkpointing``) and ``torch.compile`` (``compile``) as switches.
+Parallelism is the family's own ``parallelize_<family>``: torchtitan's tensor-parallel plan
+(``tensor_parallel_size``) and FSDP2 wrapping over a ``ParallelDims`` mesh built from rlflow's
+config, full activation checkpointing (``gradient_checkpointing``) and ``torch.compile``
+(``compile``) as switches.
 
 What rlflow keeps and torchtitan's trainer would otherwise own (``docs/engines.md``):
 
@@ -36,26 +37,28 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import FullAC
+from torchtitan.models.common.attention import FlexAttention
 from torchtitan.models.common.decoder import Decoder
 from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 from transformers import AutoConfig
 
-from rlflow.engines.base import Capability
+from rlflow.engines.base import Capability, EngineMesh
 from rlflow.engines.common.fully_shard import clip_grad_norm, iter_full_tensors, unsynced_grads
 from rlflow.engines.common.models import FORWARD_PREFIX, ForwardModule
 from rlflow.engines.common.module_engine import ModuleEngine
 from rlflow.engines.common.optimizers import clean_param_name
-from rlflow.engines.config import EngineConfig
+from rlflow.engines.config import EngineConfig, EngineConfigError
 from rlflow.engines.registry import EngineRegistry
-from rlflow.engines.torchtitan.architectures import TitanArchitecture, titan_architecture
+from rlflow.engines.torchtitan.architectures import AttentionConfig, TitanArchitecture, titan_architecture
 from rlflow.engines.torchtitan.cpu_compat import (
     CPU_STREAM_ATTENTION,
-    apply_cpu_compat,
+    DenseMaskAttention,
     cpu_device_type,
     document_causal_mask,
 )
 from rlflow.engines.torchtitan.forward import TitanCausalLMForward
 from rlflow.models.hf_checkpoint import load_causal_lm, require_model_folder, resolve_dtype
+from rlflow.utils.device import resolve_device_type
 from rlflow.utils.seed import set_seed
 
 __all__ = ["TorchtitanEngine", "TorchtitanEngineConfig"]
@@ -69,6 +72,7 @@ class TorchtitanEngineConfig(EngineConfig):
     """Options of the ``torchtitan`` engine (rlflow/configs/engine/torchtitan.yaml)."""
 
     name: str = "torchtitan"
+    tensor_parallel_size: int = 1  # TP degree (torchtitan's sharding plan); data-parallel size = world / this
     logprob_chunk_size: int = 1024  # tokens per chunk when turning hidden states into log-probs
     fsdp_reshard_after_forward: str = "default"  # torchtitan's policy: default | always | never
     defer_grad_reduce: bool = True  # reduce-scatter gradients once per mini-batch, not per micro-batch
@@ -78,6 +82,7 @@ class TorchtitanEngineConfig(EngineConfig):
         return {
             **super().range_checks(),
             "logprob_chunk_size": self.logprob_chunk_size >= 1,
+            "tensor_parallel_size": self.tensor_parallel_size >= 1,
             "param_dtype": self.param_dtype in _TITAN_PARAM_DTYPES,
             "reduce_dtype": self.reduce_dtype == "float32",
             "fsdp_reshard_after_forward": self.fsdp_reshard_after_forward in _RESHARD_POLICIES,
@@ -95,13 +100,31 @@ class TorchtitanEngine(ModuleEngine):
     def __init__(self, config: TorchtitanEngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
         super().__init__(config, model_path, model_kind)  # refuses value models (no Capability.VALUE_MODEL)
         self.folder = require_model_folder(self.model_path)
-        self.architecture, self.model_config = _titan_model(self.folder, config.trust_remote_code)
+        # on CPU the inner attention is the dense-mask fallback (cpu_compat); everywhere else torchtitan's flex
+        self.on_cpu = resolve_device_type(config.device) == "cpu"
+        attention = DenseMaskAttention.Config if self.on_cpu else FlexAttention.Config
+        self.architecture, self.model_config = _titan_model(self.folder, config.trust_remote_code, attention)
+        if config.tensor_parallel_size > 1 and self.model_config.enable_weight_tying:
+            raise EngineConfigError(
+                "torchtitan's tensor-parallel plan shards the tied input and output embeddings as two parameters "
+                "(they would train apart); use tensor_parallel_size=1 for a checkpoint with tie_word_embeddings=true"
+            )
+        self.parallelism = ParallelismConfig(
+            tensor_parallel_degree=config.tensor_parallel_size,
+            enable_sequence_parallel=False,  # packed rows of any width: no sequence sharding between layers
+            fsdp_reshard_after_forward=config.fsdp_reshard_after_forward,
+            spmd_backend="partial_dtensor",
+        )
+        try:  # the sharding plan goes into the model config, before the model is built
+            self.model_config.update_from_config(config=SimpleNamespace(parallelism=self.parallelism))
+        except ValueError as error:  # e.g. a TP degree that does not divide the heads
+            raise EngineConfigError(f"torchtitan engine: {str(error).splitlines()[0]}") from None
 
     @classmethod
     def checkpoint_hf_tensors(
         cls, state: Iterable[tuple[str, torch.Tensor]], model_files: Path
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        architecture, model_config = _titan_model(model_files, trust_remote_code=False)
+        architecture, model_config = _titan_model(model_files, trust_remote_code=False, attention=FlexAttention.Config)
         return _to_hf(architecture.adapter(model_config, None), state, None)
 
     # ------------------------------------------------------------------ model hooks
@@ -121,8 +144,7 @@ class TorchtitanEngine(ModuleEngine):
         model.tok_embeddings.padding_idx = hf_model.get_input_embeddings().padding_idx
         del hf_model
         set_seed(cfg.seed + self.rank)
-        if self.device.type == "cpu":
-            apply_cpu_compat(model)
+        if self.on_cpu:
             return TitanCausalLMForward(model, cfg.logprob_chunk_size, CPU_STREAM_ATTENTION, document_causal_mask)
         # one packed row: flex attention's block mask skips the blocks it masks
         return TitanCausalLMForward(model, cfg.logprob_chunk_size, "flex_attention")
@@ -135,20 +157,22 @@ class TorchtitanEngine(ModuleEngine):
     # ------------------------------------------------------------------ sharding hooks
     def _parallelize(self, module: ForwardModule) -> nn.Module:
         cfg = self.config
-        parallelism = ParallelismConfig(fsdp_reshard_after_forward=cfg.fsdp_reshard_after_forward,
-                                        spmd_backend="partial_dtensor")
-        self.parallel_dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=1,
+        tp = cfg.tensor_parallel_size
+        if self.world_size % tp != 0:
+            raise EngineConfigError(f"tensor_parallel_size={tp} must divide the world size {self.world_size}")
+        self.parallel_dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=tp, pp=1, ep=1,
                                           world_size=self.world_size, spmd_backend="partial_dtensor")
-        with cpu_device_type() if self.device.type == "cpu" else nullcontext():
+        with cpu_device_type() if self.on_cpu else nullcontext():
             self.parallel_dims.build_mesh()
-        self.model_config.update_from_config(config=SimpleNamespace(parallelism=parallelism))
+        dp_mesh = self.parallel_dims.get_mesh("fsdp")
+        self.dp_group = dp_mesh.get_group()
         training = TrainingConfig(mixed_precision_param=cfg.param_dtype, mixed_precision_reduce=cfg.reduce_dtype)
         with tempfile.TemporaryDirectory(prefix="rlflow-titan-") as dump_folder:  # torchtitan's debug dumps only
             self.architecture.parallelize(
                 module.model,
                 parallel_dims=self.parallel_dims,
                 training=training,
-                parallelism=parallelism,
+                parallelism=self.parallelism,
                 compile_config=CompileConfig(enable=cfg.compile),
                 ac_config=FullAC.Config() if cfg.gradient_checkpointing else None,
                 dump_folder=dump_folder,
@@ -156,7 +180,7 @@ class TorchtitanEngine(ModuleEngine):
         # The forward module becomes the FSDP root (no parameters of its own): the chunked LM head runs after the
         # decoder's forward returns, and FSDP2 completes its units' forward state only at the end of the root's.
         mp_policy = MixedPrecisionPolicy(param_dtype=resolve_dtype(cfg.param_dtype), reduce_dtype=resolve_dtype(cfg.reduce_dtype))
-        fully_shard(module, mesh=self.parallel_dims.get_mesh("fsdp"), mp_policy=mp_policy)
+        fully_shard(module, mesh=dp_mesh, mp_policy=mp_policy)
         for unit in module.modules():
             if isinstance(unit, FSDPModule):
                 unit.set_gradient_divide_factor(None)  # FSDP's default again: the mean over the data-parallel ranks
@@ -175,14 +199,24 @@ class TorchtitanEngine(ModuleEngine):
         self.module.to(device)
 
     def _layout(self) -> dict[str, Any]:
-        return {}  # dp_shard = world size; DCP reshards across world sizes
+        return {"tensor_parallel_size": self.config.tensor_parallel_size}  # dp_shard = world size / TP
+
+    @property
+    def mesh(self) -> EngineMesh:
+        """Data-parallel coordinates from the ``fsdp`` mesh; TP rank 0 of each group collects."""
+        self._require_initialized()
+        dp_mesh = self.parallel_dims.get_mesh("fsdp")
+        tp_rank = self.parallel_dims.get_mesh("tp").get_local_rank() if self.parallel_dims.tp_enabled else 0
+        return EngineMesh(dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size(), is_collect=tp_rank == 0)
 
 
-def _titan_model(folder: Path, trust_remote_code: bool) -> tuple[TitanArchitecture, Decoder.Config]:
+def _titan_model(
+    folder: Path, trust_remote_code: bool, attention: AttentionConfig
+) -> tuple[TitanArchitecture, Decoder.Config]:
     """The torchtitan family and model config of the HF folder (one-line error for what it cannot build)."""
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
     architecture = titan_architecture(hf_config)
-    return architecture, architecture.model_config(hf_config, "flex")
+    return architecture, architecture.model_config(hf_config, attention)
 
 
 def _to_hf(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
-from torch import nn
+from torch.distributed.tensor import DTensor
 from torchtitan.models.common.decoder import Decoder
 
 from rlflow.engines.common.models import CausalLMForward
@@ -39,7 +39,14 @@ class TitanCausalLMForward(CausalLMForward):
 
     def hidden_states(self, stream: TokenStream) -> torch.Tensor:
         positions = stream.position_ids
-        return self.model(stream.input_ids, positions, self.attention_masks(positions))
+        return _whole(self.model(stream.input_ids, positions, self.attention_masks(positions)))
 
-    def output_embeddings(self) -> nn.Module:
-        return self.model.lm_head
+    def output_embeddings(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        head = self.model.lm_head
+        return lambda hidden: _whole(head(hidden))
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """Under tensor parallelism the decoder's output is a replicated DTensor and the LM head's logits are
+    vocab-sharded: the plain whole tensor either way (a chunk of logits at a time), differentiable."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
