@@ -170,6 +170,9 @@ def test_what_the_engine_cannot_run_fails_in_one_line(models: dict[str, Path], t
     with pytest.raises(EngineConfigError, match="torchtitan model family") as error:
         build_engine({"name": "torchtitan"}, tmp_path / "other")
     assert "\n" not in str(error.value)
+    (tmp_path / "other" / "config.json").write_text((models["tiny-llama"] / "config.json").read_text().replace('"silu"', '"gelu"'))
+    with pytest.raises(EngineConfigError, match="hidden_act='gelu'"):
+        build_engine({"name": "torchtitan"}, tmp_path / "other")
     with pytest.raises(EngineConfigError, match="tensor_parallel_size=1 for a checkpoint with tie_word_embeddings"):
         build_engine({"name": "torchtitan", "tensor_parallel_size": 2}, models["tiny-qwen3"])
 

@@ -8,7 +8,8 @@ parallelize function. Adding a family is one registered builder.
 What the derivation takes from the HF config: hidden size, layers, heads, KV heads, head dim,
 MLP width, vocabulary, RMSNorm eps, rotary base (and Llama-3 rotary scaling), tied embeddings,
 Qwen3's q/k norms and Qwen2's q/k/v biases. What torchtitan's dense families do not have is
-refused in one line: other attention or MLP biases, sliding-window attention, other rotary scalings.
+refused in one line: other attention or MLP biases, sliding-window attention, other rotary
+scalings, an MLP activation other than SiLU.
 
 torchtitan ships no Qwen2 model; Qwen2 is Qwen3's decoder without q/k norms and with biases on
 the q/k/v projections, so ``qwen2`` builds torchtitan's ``Qwen3Model`` that way and converts its
@@ -86,6 +87,8 @@ def _refuse_unsupported(hf: PretrainedConfig) -> None:
         "attention_bias": bool(getattr(hf, "attention_bias", False)),
         "mlp_bias": bool(getattr(hf, "mlp_bias", False)),
         "use_sliding_window": bool(getattr(hf, "use_sliding_window", False)),
+        f"hidden_act={getattr(hf, 'hidden_act', 'silu')!r} (torchtitan's MLP is SiLU-gated)":
+            getattr(hf, "hidden_act", "silu") != "silu",
     }
     found = [key for key, on in unsupported.items() if on]
     if found:
