@@ -37,8 +37,13 @@ class DemoRun:
 
     def metrics(self, phase: str) -> list[dict]:
         """The records of ``<out>/<phase>/metrics.jsonl`` in file order."""
-        path = self.out / phase / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_metrics(self.out / phase)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of a run folder's ``metrics.jsonl`` in file order."""
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def run_demo_script(out: Path, knobs: dict[str, str]) -> str:

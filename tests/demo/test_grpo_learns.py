@@ -11,10 +11,8 @@ MARGIN: docs/demo.md has the measurements behind it.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from demo_runner import REPO, VAL_ACCURACY, run_recipe
+from demo_runner import REPO, VAL_ACCURACY, read_metrics, run_recipe
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -30,7 +28,7 @@ def test_grpo_on_the_torchtitan_engine_learns_as_much(demo, tmp_path):
     env = {"MODEL": str(demo.out / "sft" / "hf"), "DATA": str(demo.out / "data"), "OUT": str(out),
            "STEPS": str(demo.grpo_steps), "SEED": demo.knobs["DEMO_SEED"], "ENGINE": "torchtitan"}
     run_recipe(REPO / "recipes" / "grpo_tiny_cpu.sh", env)
-    assert_learns([json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()])
+    assert_learns(read_metrics(out))
 
 
 def assert_learns(records: list[dict]) -> None:

@@ -86,7 +86,8 @@ class DDPTestEngine(BaseEngine):
     def forward_backward(
         self, batch: DataProto, loss_fn: Optional[LossFn] = None, forward_only: bool = False
     ) -> tuple[DataProto, dict[str, Any]]:
-        forward = partial(forward_micro_batch, self.module, config=self.config)
+        forward = partial(forward_micro_batch, self.module, config=self.config,
+                          attn_implementation=self.module.module.attn_implementation)
         with self.offloader.params_resident():
             return run_forward_backward(
                 batch, forward, loss_fn, forward_only, self.config, group=None, device=self.device, no_sync=self.module.no_sync

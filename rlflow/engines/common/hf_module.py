@@ -46,18 +46,17 @@ def forward_micro_batch(
     module: nn.Module,
     micro: DataProto,
     config: EngineConfig,
+    attn_implementation: str,
     hidden_size: Optional[int] = None,
-    attn_implementation: Optional[str] = None,
 ) -> dict[str, torch.Tensor]:
     """Per-token outputs of one micro-batch (``[b, T]``, differentiable) from the wrapped forward module;
-    ``hidden_size`` and ``attn_implementation`` (``ForwardModule``'s; the latter defaults to the config's)
-    choose the packed layout."""
+    ``attn_implementation`` and ``hidden_size`` (the ``ForwardModule``'s) choose the packed layout."""
     stream = make_token_stream(
         micro.batch["input_ids"],
         micro.batch["attention_mask"],
         micro.batch.get("position_ids"),
         remove_padding=config.use_remove_padding,
-        attn_implementation=attn_implementation or config.attn_implementation,
+        attn_implementation=attn_implementation,
         hidden_size=hidden_size,
     )
     temperature = float(micro.meta_info.get("temperature", 1.0))
