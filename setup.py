@@ -19,6 +19,7 @@ CORE = [
     "tensorboard>=2.15",
     "tqdm>=4.66",
     "matplotlib>=3.8",
+    "peft>=0.17,<0.22",  # LoRA adapters (docs/lora.md); 0.21.2 measured with transformers 5.19
 ]
 
 EXTRAS = {

@@ -242,6 +242,7 @@ class RunConfig:
     max_consecutive_skipped_steps: int = 5  # abort after this many non-finite-gradient steps in a row; 0: never
     allow_slow_half_precision: bool = False  # run bf16/fp16 compute on a CPU without native instructions for it (docs/platform.md)
     export_hf_dir: Optional[str] = None  # null: <default_local_dir>/hf
+    export_lora_adapter_dir: Optional[str] = None  # with LoRA: also write the adapters as a peft folder here; null: don't
     plugins: list[str] = field(default_factory=list)  # modules / .py files every process imports first (docs/config.md)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
     external_lib: Any = None  # verl's spelling: a module or file, or a list; merged into `plugins` at start-up

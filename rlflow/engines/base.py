@@ -103,6 +103,7 @@ class Capability(str, enum.Enum):
     MIXED_PRECISION = "mixed_precision"  # param_dtype != dtype: compute in param_dtype, master weights in dtype
     VALUE_MODEL = "value_model"  # model_kind="value": an HF classification model with one label (critic, reward model)
     RESHARD = "reshard"  # load_checkpoint takes a checkpoint written at another world size (same layout otherwise)
+    LORA = "lora"  # lora.rank > 0: low-rank adapters are trained, and adapters_disabled/export_lora_adapter/save_lora_adapter work
 
 
 LossFn = Callable[[dict[str, torch.Tensor], DataProto, LossContext], "tuple[torch.Tensor, dict[str, float]]"]
@@ -135,22 +136,26 @@ class BaseEngine(abc.ABC):
         self.config = config
         self.model_path = Path(model_path)
         self.model_kind = model_kind
-        self._check_capabilities()
+        self.check_supported(config, model_kind)
 
-    def _check_capabilities(self) -> None:
+    @classmethod
+    def check_supported(cls, config: EngineConfig, model_kind: str = "causal_lm") -> None:
+        """Raise ``EngineConfigError`` (one line) when ``config`` or ``model_kind`` needs a capability this engine
+        lacks. The constructor calls it; config loading calls it for the trained roles before any worker starts."""
         from rlflow.models.loading import resolve_dtype  # lazy: transformers is heavy for config-only imports
 
-        cfg = self.config
         needed = {  # capability -> (needed by this config / model kind, how to do without it)
             Capability.MIXED_PRECISION: (
-                resolve_dtype(cfg.param_dtype) != resolve_dtype(cfg.dtype),
-                f"param_dtype={cfg.param_dtype} differs from dtype={cfg.dtype}; set them equal",
+                resolve_dtype(config.param_dtype) != resolve_dtype(config.dtype),
+                f"param_dtype={config.param_dtype} differs from dtype={config.dtype}; set them equal",
             ),
-            Capability.VALUE_MODEL: (self.model_kind == "value", "model_kind=value; host this model on another engine"),
+            Capability.VALUE_MODEL: (model_kind == "value", "model_kind=value; host this model on another engine"),
+            Capability.LORA: (config.lora.enabled, f"lora.rank={config.lora.rank}; set lora.rank=0 (full fine-tuning) "
+                              "or use an engine with LoRA (fsdp, fsdp2)"),
         }
-        problems = [f"{cap.value} ({fix})" for cap, (needs, fix) in needed.items() if needs and cap not in self.capabilities]
+        problems = [f"{cap.value} ({fix})" for cap, (needs, fix) in needed.items() if needs and cap not in cls.capabilities]
         if problems:
-            raise EngineConfigError(f"engine {cfg.name!r} does not support {'; '.join(problems)}")
+            raise EngineConfigError(f"engine {config.name!r} does not support {'; '.join(problems)}")
 
     @abc.abstractmethod
     def initialize(self) -> None:
@@ -233,6 +238,29 @@ class BaseEngine(abc.ABC):
     def save_hf(self, path: str | Path) -> None:
         """Write an HF folder (weights in the stored dtype, config, tokenizer files of the source
         folder) that ``AutoModelForCausalLM`` / ``AutoTokenizer`` load. Rank 0 writes; all ranks must call."""
+
+    # ------------------------------------------------------------------ LoRA (Capability.LORA)
+    def adapters_disabled(self) -> AbstractContextManager[None]:
+        """Context manager: the LoRA adapters are off inside, so forwards give the base model's outputs
+        (a LoRA actor's reference policy, with no second copy of the weights); collective like a forward."""
+        raise self._no_adapters()
+
+    def export_lora_adapter(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield the adapters alone as ``(peft file name, full tensor)``, ``export_hf_weights``' rules otherwise
+        (collective; every rank yields all of them). ``export_hf_weights`` yields the merged model."""
+        raise self._no_adapters()
+
+    def lora_adapter_config(self) -> str:
+        """The ``adapter_config.json`` text of a peft folder holding this engine's adapters."""
+        raise self._no_adapters()
+
+    def save_lora_adapter(self, path: str | Path) -> None:
+        """Write the adapters as a peft adapter folder that ``PeftModel.from_pretrained`` loads
+        (rank 0 writes; all ranks must call)."""
+        raise self._no_adapters()
+
+    def _no_adapters(self) -> EngineConfigError:
+        return EngineConfigError(f"engine {self.config.name!r} has no LoRA adapters (lora.rank={self.config.lora.rank})")
 
     @classmethod
     def checkpoint_hf_tensors(

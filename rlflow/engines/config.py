@@ -18,7 +18,7 @@ is not part of this config: it comes from the role that builds the engine
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, TypeVar
+from typing import Any, Mapping, Optional, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -30,6 +30,7 @@ __all__ = [
     "EngineConfigError",
     "HFModuleEngineConfig",
     "LRSchedulerConfig",
+    "LoRAConfig",
     "OptimizerConfig",
     "config_from_mapping",
 ]
@@ -60,6 +61,31 @@ class LRSchedulerConfig:
     total_steps: int = 0  # optimizer steps in the run; linear/cosine decay needs it > warmup_steps
 
 
+LORA_PARTS = ("attention", "mlp", "unembedding")
+
+
+@dataclass
+class LoRAConfig:
+    """Low-rank adapters (``peft``) on the model's linear layers; ``rank`` 0 is full fine-tuning.
+
+    ``target_modules`` names linear layers by their last name component (``q_proj``) or full
+    module path, or is ``[all-linear]``: every linear layer of the parts in ``parts``
+    (``attention``, ``mlp``, ``unembedding``: the LM head). ``adapter_path`` starts from a saved
+    ``peft`` adapter folder instead of fresh adapters (A random, B zero). docs/lora.md.
+    """
+
+    rank: int = 0  # adapter rank r; 0: no adapters (full fine-tuning)
+    alpha: float = 16.0  # the adapter output is scaled by alpha / rank
+    dropout: float = 0.0  # dropout on the adapter input
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    parts: list[str] = field(default_factory=lambda: ["attention", "mlp"])  # which parts all-linear covers
+    adapter_path: Optional[str] = None  # a peft adapter folder to start from
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
 @dataclass
 class EngineConfig:
     """Options every engine honours: device, dtypes, optimizer, schedule, batching, packing, offload, seed."""
@@ -80,6 +106,7 @@ class EngineConfig:
     optimizer_offload: bool = False  # keep optimizer state in host memory between optimizer steps
     seed: int = 0  # base seed; rank r seeds torch/numpy/python with seed + r
     trust_remote_code: bool = False  # let the HF load run modeling code shipped in the folder (YAML: model.trust_remote_code)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank > 0: train low-rank adapters only (docs/lora.md)
 
     def range_checks(self) -> dict[str, bool]:
         """``{dotted key: value is in range}``; a subclass adds its own keys to ``super().range_checks()``."""
@@ -90,6 +117,11 @@ class EngineConfig:
             "optimizer.betas": len(self.optimizer.betas) == 2,
             "lr_scheduler.warmup_steps": self.lr_scheduler.warmup_steps >= 0,
             "lr_scheduler.min_lr_ratio": 0.0 <= self.lr_scheduler.min_lr_ratio <= 1.0,
+            "lora.rank": self.lora.rank >= 0,
+            "lora.alpha": self.lora.alpha > 0,
+            "lora.dropout": 0.0 <= self.lora.dropout < 1.0,
+            "lora.target_modules": len(self.lora.target_modules) > 0,
+            "lora.parts": bool(self.lora.parts) and set(self.lora.parts) <= set(LORA_PARTS),
         }
 
 

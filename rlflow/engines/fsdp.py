@@ -10,7 +10,7 @@ sharded DCP state dicts; HF export gathers one FSDP unit at a time
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -57,9 +57,11 @@ class FSDPEngine(ModuleEngine):
         mixed_precision = None
         if param_dtype != resolve_dtype(cfg.dtype):
             mixed_precision = MixedPrecision(param_dtype=param_dtype, reduce_dtype=resolve_dtype(cfg.reduce_dtype))
+        layer_classes = decoder_layer_classes(module, cfg.wrap_layer_classes)
         return FSDP(
             module,
-            auto_wrap_policy=ModuleWrapPolicy(decoder_layer_classes(module, cfg.wrap_layer_classes)),
+            auto_wrap_policy=ModuleWrapPolicy(layer_classes),
+            ignored_states=_frozen_root_params(module, layer_classes) or None,
             sharding_strategy=_STRATEGIES[cfg.sharding_strategy],
             mixed_precision=mixed_precision,
             device_id=self.device,  # FSDP1 needs an explicit device, torch.device("cpu") included
@@ -73,16 +75,16 @@ class FSDPEngine(ModuleEngine):
     def _clip_grad_norm(self, max_norm: float) -> float:
         return self.module.clip_grad_norm_(max_norm).item()
 
-    def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def _iter_full_tensors(self, only: Optional[Callable[[str], bool]] = None) -> Iterator[tuple[str, torch.Tensor]]:
         root_prefix = {id(unit): name for name, unit in self.module.named_modules() if isinstance(unit, FSDP)}
         for unit in self._units():
             nested = [m for m in unit.modules() if isinstance(m, FSDP) and m is not unit]
             nested_params = {id(p) for m in nested for p in m.parameters()}
             with FSDP.summon_full_params(unit, recurse=False, writeback=False):
                 for name, param in unit.named_parameters():
-                    if id(param) in nested_params:
-                        continue
                     full_name = f"{root_prefix[id(unit)]}.{name}" if root_prefix[id(unit)] else name
+                    if id(param) in nested_params or (only is not None and not only(full_name)):
+                        continue
                     yield full_name, param.detach().clone()
 
     def _move_module(self, device: torch.device) -> None:
@@ -98,3 +100,15 @@ class FSDPEngine(ModuleEngine):
 
     def _layout(self) -> dict[str, Any]:
         return {"sharding_strategy": self.config.sharding_strategy}  # every rank is a shard: dp_shard = world size
+
+
+def _frozen_root_params(module: nn.Module, layer_classes: set[type[nn.Module]]) -> list[nn.Parameter]:
+    """The frozen parameters outside the decoder layers (the embeddings, final norm and LM head under LoRA).
+
+    FSDP leaves them out (``ignored_states``): each rank keeps them whole, as they never need a gradient
+    reduction. Sharded in a root unit of frozen parameters only, FSDP1 with ``use_orig_params`` swaps them
+    for plain tensors in a forward with grad and, at world size 1 (NO_SHARD), never puts them back as
+    parameters, so they vanish from ``named_parameters()`` and state dicts (torch 2.13).
+    """
+    in_layers = {id(p) for m in module.modules() if isinstance(m, tuple(layer_classes)) for p in m.parameters()}
+    return [p for p in module.parameters() if not p.requires_grad and id(p) not in in_layers]

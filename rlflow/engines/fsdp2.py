@@ -83,8 +83,8 @@ class FSDP2Engine(ModuleEngine):
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return full_tensor(norm).item()
 
-    def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter_full_tensors(self.module)
+    def _iter_full_tensors(self, only: Optional[Callable[[str], bool]] = None) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter_full_tensors(self.module, only)
 
     def _move_module(self, device: torch.device) -> None:
         self.module.to(device)

@@ -11,11 +11,18 @@ from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch
 from rlflow.roles.engine_role import EngineRole, renamed_or_empty, response_columns, response_log_probs
 from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, make_policy_loss_fn
+from rlflow.roles.reference import REF_MESH, ref_log_probs
 from rlflow.rollout import publish_weights
 from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
 
 ACTOR_MESH = "actor"
 POLICY_INPUTS = ("old_log_probs", "advantages")
+
+
+def reference_is_base_model(actor_config: Any) -> bool:
+    """Whether the reference policy is the actor's base model with its LoRA adapters off (``lora.rank > 0``),
+    rather than an engine of its own built from ``ref.engine``."""
+    return int(actor_config.engine.lora.rank) > 0
 
 
 class Actor(EngineRole):
@@ -28,6 +35,17 @@ class Actor(EngineRole):
         super().__init__(actor_config.engine, model_path, ACTOR_MESH)
         self.actor_config = actor_config
         self.loss_fn = make_policy_loss_fn(actor_config)
+        if reference_is_base_model(actor_config):  # the reference mesh is the actor's: its adapters off
+            mesh = self.engine.mesh
+            self.register_mesh(REF_MESH, mesh.dp_rank, mesh.dp_size, mesh.is_collect)
+
+    @register(dispatch_mode=DP_COMPUTE, mesh=REF_MESH)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` ``[B, R]`` of a LoRA actor: its base model, adapters off (no second copy of the weights)."""
+        if not reference_is_base_model(self.actor_config):
+            raise RuntimeError("this actor has no LoRA adapters, so its reference is a separate engine (ref.engine)")
+        with self.engine.adapters_disabled():
+            return ref_log_probs(self.engine, data)
 
     @register(dispatch_mode=DP_COMPUTE, mesh=ACTOR_MESH)
     def compute_log_prob(self, data: DataProto) -> DataProto:

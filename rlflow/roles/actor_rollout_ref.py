@@ -13,9 +13,9 @@ from typing import Any, Optional
 
 from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
-from rlflow.roles.actor import Actor
-from rlflow.roles.engine_role import build_initialized_engine, renamed_or_empty, response_log_probs
-from rlflow.roles.reference import REF_MESH
+from rlflow.roles.actor import Actor, reference_is_base_model
+from rlflow.roles.engine_role import build_initialized_engine
+from rlflow.roles.reference import REF_MESH, ref_log_probs
 from rlflow.roles.rollout_worker import ROLLOUT_MESH, RolloutMethods
 from rlflow.rollout import build_rollout
 from rlflow.rollout.weight_sync import MiB
@@ -31,18 +31,17 @@ class ActorRolloutRef(RolloutMethods, Actor):
         self.register_mesh(ROLLOUT_MESH, dp_rank=self.rank, dp_size=self.world_size, is_collect=True)
         self.rollout = build_rollout(rollout_config, model_path, self.device, replica_rank=self.rank)
         self.ref_engine = None
-        if ref_config is not None:
+        if ref_config is not None and not reference_is_base_model(actor_config):
             self.ref_engine = build_initialized_engine(ref_config.engine, model_path)
             mesh = self.ref_engine.mesh
             self.register_mesh(REF_MESH, mesh.dp_rank, mesh.dp_size, mesh.is_collect)
 
     @register(dispatch_mode=DP_COMPUTE, mesh=REF_MESH)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """``ref_log_prob`` ``[B, R]`` under the frozen reference weights."""
+        """``ref_log_prob`` ``[B, R]`` under the frozen reference weights (a LoRA actor's: its base model)."""
         if self.ref_engine is None:
-            raise RuntimeError("this worker group was built without a reference model (ref_config=None)")
-        out = response_log_probs(self.ref_engine, data, data.meta_info.get("temperature", 1.0), with_entropy=False)
-        return renamed_or_empty(out, ["log_probs"], ["ref_log_prob"])
+            return super().compute_ref_log_prob(data)
+        return ref_log_probs(self.ref_engine, data)
 
     @register(dispatch_mode=ONE_TO_ALL)
     def sync_weights(self) -> dict[str, float]:

@@ -76,5 +76,10 @@ class EngineRole(Worker):
 
     @register(dispatch_mode=ONE_TO_ALL)
     def save_hf(self, path: str) -> None:
-        """Export the model as an HF folder (rank 0 writes; collective)."""
+        """Export the model as an HF folder (rank 0 writes; collective). With LoRA: the merged model."""
         self.engine.save_hf(path)
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def save_lora_adapter(self, path: str) -> None:
+        """Export the LoRA adapters as a peft adapter folder (rank 0 writes; collective)."""
+        self.engine.save_lora_adapter(path)

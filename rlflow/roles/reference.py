@@ -5,11 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlflow.engines.base import BaseEngine
 from rlflow.protocol import DataProto
 from rlflow.roles.engine_role import EngineRole, renamed_or_empty, response_log_probs
 from rlflow.workers import DP_COMPUTE, register
 
 REF_MESH = "ref"
+
+
+def ref_log_probs(engine: BaseEngine, data: DataProto) -> DataProto:
+    """``ref_log_prob`` ``[B, R]`` of the responses under ``engine`` as it is (empty on non-collect ranks)."""
+    out = response_log_probs(engine, data, data.meta_info.get("temperature", 1.0), with_entropy=False)
+    return renamed_or_empty(out, ["log_probs"], ["ref_log_prob"])
 
 
 class Reference(EngineRole):
@@ -20,5 +27,4 @@ class Reference(EngineRole):
 
     @register(dispatch_mode=DP_COMPUTE, mesh=REF_MESH)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        out = response_log_probs(self.engine, data, data.meta_info.get("temperature", 1.0), with_entropy=False)
-        return renamed_or_empty(out, ["log_probs"], ["ref_log_prob"])
+        return ref_log_probs(self.engine, data)

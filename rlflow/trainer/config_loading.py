@@ -9,7 +9,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from rlflow.config import ConfigError, validate_config
 from rlflow.config.schema import PPOConfig, SFTConfig
-from rlflow.engines.config import EngineConfigError
+from rlflow.engines.config import EngineConfigError, config_from_mapping
 from rlflow.engines.registry import EngineRegistry
 from rlflow.trainer.config_choices import Choice, check_choices, ppo_choices, sft_choices
 from rlflow.trainer.dtype_guard import ComputeDtypeKey, check_half_precision, ppo_dtype_keys, sft_dtype_keys
@@ -19,6 +19,10 @@ from rlflow.utils.plugins import import_plugins
 # Where the `engine` group is mounted in each entry point's config.
 PPO_ENGINE_MOUNTS = ("actor.engine", "critic.engine", "ref.engine", "reward.reward_model.engine")
 SFT_ENGINE_MOUNTS = ("engine",)
+# The engines that train the policy (a causal LM) in every run of the entry point: what their options need
+# (LoRA, mixed precision) is checked against the engine's capabilities before any worker starts.
+PPO_POLICY_MOUNTS = ("actor.engine",)
+SFT_POLICY_MOUNTS = ("engine",)
 # Command-line shorthands each entry point expands (``entry.expand_group_shorthands``): mount key -> group.
 PPO_GROUP_SHORTHANDS = {mount: "engine" for mount in PPO_ENGINE_MOUNTS}  # actor.engine=fsdp
 SFT_GROUP_SHORTHANDS = {"engine": "engine", "data": "sft_data"}  # data=synthetic picks rlflow/configs/sft_data/synthetic.yaml
@@ -34,6 +38,16 @@ def _engine_schema_resolver(path: str):
             raise ConfigError(str(error)) from None
 
     return resolve
+
+
+def _check_engine_supports(config: DictConfig, mount: str) -> None:
+    """The engine at ``mount`` supports what its options ask for (``BaseEngine.check_supported``), else one line."""
+    node = OmegaConf.select(config, mount)
+    engine_class = EngineRegistry.get(str(node.name), config_key=f"{mount}.name")
+    try:
+        engine_class.check_supported(config_from_mapping(engine_class.config_class, node))
+    except EngineConfigError as error:
+        raise ConfigError(f"config key '{mount}': {error}") from None
 
 
 def _plugin_specs(cfg: DictConfig, key: str) -> list[str]:
@@ -60,11 +74,14 @@ def import_configured_plugins(cfg: DictConfig) -> DictConfig:
 
 
 def _load(cfg: DictConfig, schema: type, engine_mounts: tuple[str, ...], choices: Callable[[tuple[str, ...]], list[Choice]],
-          dtype_keys: Callable[[tuple[str, ...]], list[ComputeDtypeKey]]) -> DictConfig:
-    """Plugins first (they may register names), then keys and types, every choice value, the timeouts, bf16/fp16 on CPU."""
+          dtype_keys: Callable[[tuple[str, ...]], list[ComputeDtypeKey]], policy_mounts: tuple[str, ...]) -> DictConfig:
+    """Plugins first (they may register names), then keys and types, every choice value, what the policy engine
+    supports, the timeouts, bf16/fp16 on CPU."""
     cfg = import_configured_plugins(cfg)
     config = validate_config(cfg, schema, {path: _engine_schema_resolver(path) for path in engine_mounts})
     check_choices(config, choices(engine_mounts))
+    for mount in policy_mounts:
+        _check_engine_supports(config, mount)
     check_timeouts(config.trainer.timeouts)
     check_half_precision(config, dtype_keys(engine_mounts))
     return config
@@ -72,12 +89,12 @@ def _load(cfg: DictConfig, schema: type, engine_mounts: tuple[str, ...], choices
 
 def load_ppo_config(cfg: DictConfig) -> DictConfig:
     """Validate a composed ``ppo_trainer`` config; raises a ``UserError`` naming the bad key."""
-    return _load(cfg, PPOConfig, PPO_ENGINE_MOUNTS, ppo_choices, ppo_dtype_keys)
+    return _load(cfg, PPOConfig, PPO_ENGINE_MOUNTS, ppo_choices, ppo_dtype_keys, PPO_POLICY_MOUNTS)
 
 
 def load_sft_config(cfg: DictConfig) -> DictConfig:
     """Validate a composed ``sft_trainer`` config; raises a ``UserError`` naming the bad key."""
-    return _load(cfg, SFTConfig, SFT_ENGINE_MOUNTS, sft_choices, sft_dtype_keys)
+    return _load(cfg, SFTConfig, SFT_ENGINE_MOUNTS, sft_choices, sft_dtype_keys, SFT_POLICY_MOUNTS)
 
 
 def compose_ppo_config(overrides: Sequence[str]) -> DictConfig:

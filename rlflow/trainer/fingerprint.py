@@ -39,7 +39,7 @@ _ENGINE_FREE = ("lr_scheduler.total_steps", "device", "param_offload", "optimize
 FREE_KEYS: tuple[str, ...] = (
     # names, trackers, outputs and resume settings
     "trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.default_local_dir",
-    "trainer.resume_mode", "trainer.resume_from_path", "trainer.max_ckpt_to_keep", "trainer.export_hf_dir",
+    "trainer.resume_mode", "trainer.resume_from_path", "trainer.max_ckpt_to_keep", "trainer.export_hf_dir", "trainer.export_lora_adapter_dir",
     "trainer.plugins", "trainer.external_lib",
     # run length and frequencies
     "trainer.total_epochs", "trainer.total_training_steps", "trainer.test_freq", "trainer.val_before_train",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from rlflow.models.ensure import check_model_folder
-from rlflow.roles.actor import Actor
+from rlflow.roles.actor import Actor, reference_is_base_model
 from rlflow.roles.actor_rollout_ref import ActorRolloutRef
 from rlflow.roles.critic import Critic
 from rlflow.roles.reference import Reference
@@ -124,7 +124,9 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
         actor = start("actor", WorkerSpec(Actor, config.actor, str(model_path)), procs)
         rollout = start("rollout", WorkerSpec(RolloutWorker, config.rollout, str(model_path)),
                         config.rollout.num_replicas or procs)
-        ref = start("ref", WorkerSpec(Reference, config.ref, str(model_path)), procs) if use_ref else None
+        ref = None
+        if use_ref:  # a LoRA actor is its own reference (its base model): no second copy of the model
+            ref = actor if reference_is_base_model(config.actor) else start("ref", WorkerSpec(Reference, config.ref, str(model_path)), procs)
         critic = start("critic", _critic_spec(config, model_path), procs) if use_critic else None
         reward_spec = _reward_model_spec(config, model_path)
         reward_model = start("reward_model", reward_spec, procs) if reward_spec else None

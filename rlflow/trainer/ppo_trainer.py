@@ -156,6 +156,9 @@ class PPOTrainer:
         folder = export_dir(trainer)
         self.roles.actor.save_hf(str(folder))
         logger.info("exported the trained actor to %s", folder)
+        if trainer.export_lora_adapter_dir:
+            self.roles.actor.save_lora_adapter(trainer.export_lora_adapter_dir)
+            logger.info("exported the actor's LoRA adapters to %s", trainer.export_lora_adapter_dir)
 
     def _next_batch(self) -> DataProto:
         while True:

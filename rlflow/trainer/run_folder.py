@@ -123,6 +123,8 @@ def open_run_folder(config: Any) -> RunLock:
     folder = Path(trainer.default_local_dir)
     check_writable(folder, "trainer.default_local_dir")
     check_export_dir(export_dir(trainer))
+    if trainer.export_lora_adapter_dir:
+        check_export_dir(trainer.export_lora_adapter_dir, "trainer.export_lora_adapter_dir")
     try:
         lock = RunLock(folder).acquire()
     except OSError as error:

@@ -61,6 +61,8 @@ class SFTGroup(Protocol):
 
     def save_hf(self, path: str) -> Any: ...
 
+    def save_lora_adapter(self, path: str) -> Any: ...
+
     def mesh_table(self, mesh_name: str) -> MeshTable: ...
 
 
@@ -263,4 +265,9 @@ class SFTTrainer:
         self.group.save_hf(str(path))
         if self.is_driver:
             logger.info("exported the model to %s", path)
+        adapter_dir = self.trainer_config.export_lora_adapter_dir
+        if adapter_dir:
+            self.group.save_lora_adapter(str(adapter_dir))
+            if self.is_driver:
+                logger.info("exported the LoRA adapters to %s", adapter_dir)
         return path

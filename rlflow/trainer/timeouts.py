@@ -36,6 +36,7 @@ METHOD_PHASES: dict[str, str] = {
     "save_checkpoint": "save",
     "load_checkpoint": "save",
     "save_hf": "save",
+    "save_lora_adapter": "save",
 }
 
 

@@ -38,9 +38,10 @@ class UserDDPEngine(ModuleEngine):
     def _clip_grad_norm(self, max_norm):
         return torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm).item()
 
-    def _iter_full_tensors(self):
+    def _iter_full_tensors(self, only=None):
         for name, param in self.module.module.named_parameters():
-            yield name, param.detach()
+            if only is None or only(name):
+                yield name, param.detach()
 
     def _move_module(self, device):
         self.module.to(device)

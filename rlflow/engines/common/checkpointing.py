@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from rlflow.engines.common.models import source_files_to_copy
 from rlflow.engines.common.optimizer_step import OptimizerStepper
+from rlflow.engines.common.optimizers import clean_param_name
 from rlflow.errors import CheckpointError
 from rlflow.utils.durable import fsync_path, fsync_tree
 from rlflow.utils.logging import get_logger
@@ -216,15 +217,31 @@ class EngineCheckpointer:
         self.stepper.load_state_dict(meta)
 
 
-def save_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, group: Optional[dist.ProcessGroup]) -> None:
-    """Model + optimizer state of a (DDP / FSDP / FSDP2-wrapped) module as a sharded DCP checkpoint."""
+def save_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, group: Optional[dist.ProcessGroup],
+                      trainable_only: bool = False) -> None:
+    """Model + optimizer state of a (DDP / FSDP / FSDP2-wrapped) module as a sharded DCP checkpoint
+    (``trainable_only``: the parameters that train, e.g. LoRA adapters, and not the frozen base)."""
     model_state, optim_state = get_state_dict(module, optimizer)
+    if trainable_only:
+        model_state = _trainable_entries(model_state, module)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / MODEL_OPTIM_DIR), process_group=group)
 
 
-def load_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, group: Optional[dist.ProcessGroup]) -> None:
-    """Load what ``save_module_state`` wrote into ``module`` and ``optimizer`` (DCP reshards to this world size)."""
+def load_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, group: Optional[dist.ProcessGroup],
+                      trainable_only: bool = False) -> None:
+    """Load what ``save_module_state`` wrote into ``module`` and ``optimizer`` (DCP reshards to this world size);
+    with ``trainable_only`` the frozen parameters keep their current values."""
     model_state, optim_state = get_state_dict(module, optimizer)
-    state = {"model": model_state, "optim": optim_state}
+    state = {"model": _trainable_entries(model_state, module) if trainable_only else model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(folder / MODEL_OPTIM_DIR), process_group=group)
-    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    model_state.update(state["model"])
+    set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=state["optim"])
+
+
+def _trainable_entries(model_state: dict[str, Any], module: nn.Module) -> dict[str, Any]:
+    """The entries of a ``get_state_dict`` model state that belong to parameters with ``requires_grad``.
+
+    Filtered by name rather than with ``StateDictOptions(ignore_frozen_params=True)``, which FSDP1's state-dict
+    hooks refuse when a unit's parameters are all frozen (the root's embeddings under LoRA)."""
+    trainable = {clean_param_name(name) for name, param in module.named_parameters() if param.requires_grad}
+    return {key: value for key, value in model_state.items() if key in trainable}

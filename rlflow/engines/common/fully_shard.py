@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -41,10 +41,12 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor()
 
 
-def iter_full_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(parameter name, full tensor)`` one parameter at a time (collective over the parameters' meshes)."""
+def iter_full_tensors(module: nn.Module, only: Optional[Callable[[str], bool]] = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(parameter name, full tensor)`` one parameter at a time (collective over the parameters' meshes), for
+    every parameter or those whose name ``only`` accepts."""
     for name, param in module.named_parameters():
-        yield name, full_tensor(param.detach())
+        if only is None or only(name):
+            yield name, full_tensor(param.detach())
 
 
 def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> float:

@@ -10,7 +10,8 @@ folder appears atomically. Every export holds
 replaced only when it carries that marker, so a user's folder is never deleted.
 
 ``save_hf_from_export`` is ``BaseEngine.save_hf`` for any engine whose export is
-collective: every rank iterates the export, rank 0 writes.
+collective: every rank iterates the export, rank 0 writes. ``write_peft_adapter_folder`` writes
+a LoRA model's adapters as a peft adapter folder, with the same marker and atomic rename.
 """
 
 from __future__ import annotations
@@ -18,17 +19,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
+from rlflow.engines.common.lora import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from rlflow.engines.common.models import source_files_to_copy
 
-__all__ = ["EXPORT_MARKER", "save_hf_from_export", "write_hf_folder"]
+__all__ = ["EXPORT_MARKER", "save_hf_from_export", "write_from_export", "write_hf_folder", "write_peft_adapter_folder"]
 
 _SHARD_BYTES = 2 * 1024**3
 EXPORT_MARKER = "rlflow_export.json"
@@ -94,22 +97,40 @@ def write_hf_folder(
     shard_bytes: int = _SHARD_BYTES,
 ) -> Path:
     """Write ``named_tensors`` plus the source folder's config/tokenizer files to ``out_dir`` atomically."""
+    with _atomic_export(out_dir, "hf") as tmp:
+        writer = _ShardWriter(tmp, "model", shard_bytes)
+        for name, tensor in named_tensors:
+            writer.add(name, tensor)
+        writer.finish()
+        for file in source_files_to_copy(source_folder):
+            shutil.copy2(file, tmp / file.name)
+        if model_config is not None:
+            model_config.to_json_file(str(tmp / "config.json"))
+    return Path(out_dir)
+
+
+def write_peft_adapter_folder(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                              adapter_config_json: str) -> Path:
+    """Write a peft adapter folder (``adapter_config.json``, ``adapter_model.safetensors``) atomically;
+    ``named_tensors`` carry peft's names (``lora_export.adapter_tensors``)."""
+    with _atomic_export(out_dir, "peft") as tmp:
+        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}
+        save_file(tensors, str(tmp / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / ADAPTER_CONFIG_FILE).write_text(adapter_config_json)
+    return Path(out_dir)
+
+
+@contextmanager
+def _atomic_export(out_dir: str | Path, export_format: str) -> Iterator[Path]:
+    """A fresh ``<out_dir>.tmp`` carrying the export marker, renamed to ``out_dir`` (replacing an earlier export) on exit."""
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     _remove_export(tmp)
     tmp.mkdir(parents=True)
-    (tmp / EXPORT_MARKER).write_text(json.dumps({"format": "hf", "writer": "rlflow"}) + "\n")
-    writer = _ShardWriter(tmp, "model", shard_bytes)
-    for name, tensor in named_tensors:
-        writer.add(name, tensor)
-    writer.finish()
-    for file in source_files_to_copy(source_folder):
-        shutil.copy2(file, tmp / file.name)
-    if model_config is not None:
-        model_config.to_json_file(str(tmp / "config.json"))
+    (tmp / EXPORT_MARKER).write_text(json.dumps({"format": export_format, "writer": "rlflow"}) + "\n")
+    yield tmp
     _remove_export(out)
     os.replace(tmp, out)
-    return out
 
 
 def save_hf_from_export(
@@ -120,8 +141,17 @@ def save_hf_from_export(
     group: Optional[dist.ProcessGroup] = None,
 ) -> None:
     """Collective: every rank of ``group`` drains ``exported`` (its gathers are collective), rank 0 writes the folder."""
+    write_from_export(exported, lambda tensors: write_hf_folder(out_dir, tensors, source_folder, model_config), group)
+
+
+def write_from_export(
+    exported: Iterable[tuple[str, torch.Tensor]],
+    write: Callable[[Iterable[tuple[str, torch.Tensor]]], Path],
+    group: Optional[dist.ProcessGroup] = None,
+) -> None:
+    """Collective: rank 0 of ``group`` passes ``exported`` to ``write``; the other ranks drain it (its gathers)."""
     if dist.get_rank(group) == 0:
-        write_hf_folder(out_dir, exported, source_folder, model_config)
+        write(exported)
     else:
         for _ in exported:
             pass

@@ -4,8 +4,9 @@ Such an engine wraps one ``ForwardModule`` (``models.py``) in its parallelism
 (FSDP, FSDP2, DDP ...) and composes:
 
 * ``load_forward_module``: load the HF model of a model kind with the config's dtype,
-  attention kernel and activation checkpointing, seeded identically on every rank (a
-  freshly initialised value head agrees), then per-rank seeds for dropout/sampling;
+  attention kernel, LoRA adapters (``lora.py``) and activation checkpointing, seeded identically
+  on every rank (a freshly initialised value head or adapter agrees), then per-rank seeds for
+  dropout/sampling;
 * ``forward_micro_batch``: lay one micro-batch out as a ``TokenStream`` (packed or
   padded) and call the wrapped module, reading ``temperature`` / ``compute_entropy``
   from the micro-batch's ``meta_info``;
@@ -21,6 +22,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 from torch import nn
 
+from rlflow.engines.common.lora import add_lora_adapters
 from rlflow.engines.common.models import FORWARD_PREFIX, ForwardModule, ModelKind
 from rlflow.engines.common.optimizers import clean_param_name
 from rlflow.engines.common.packing import make_token_stream
@@ -36,10 +38,11 @@ def load_forward_module(kind: ModelKind, model_path: Path, config: HFModuleEngin
     set_seed(config.seed)  # identical on every rank: any freshly initialised weights (a new value head) agree
     model = kind.load(model_path, dtype=config.dtype, attn_implementation=config.attn_implementation,
                       trust_remote_code=config.trust_remote_code)
+    lora = add_lora_adapters(model, config.lora, model_path, config.seed) if config.lora.enabled else None
     set_seed(config.seed + rank)  # per-rank streams for dropout and sampling
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return kind.forward_cls(model, config.logprob_chunk_size)
+    return kind.forward_cls(model, config.logprob_chunk_size, lora=lora)
 
 
 def forward_micro_batch(

@@ -22,6 +22,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from rlflow.engines.common.logprob import chunked_log_probs
+from rlflow.engines.common.lora import LoraAdapters
 from rlflow.engines.common.packing import TokenStream
 from rlflow.models.loading import load_causal_lm, load_value_model
 from rlflow.models.value_models import per_token_values, value_model_export_config
@@ -37,7 +38,7 @@ class ForwardModule(nn.Module):
     ``hidden_size`` sizes the packed rows of non-varlen attention (``packing.row_width``; None:
     rows as long as the longest sequence) and ``attn_implementation`` says which stream layout
     the model's attention takes (``packing.VARLEN_ATTENTION``: one row; otherwise rows). Both
-    default to the HF config's values."""
+    default to the HF config's values. ``lora`` describes the LoRA adapters injected into ``model``, if any."""
 
     def __init__(
         self,
@@ -45,9 +46,11 @@ class ForwardModule(nn.Module):
         logprob_chunk_size: int,
         hidden_size: Optional[int] = None,
         attn_implementation: Optional[str] = None,
+        lora: Optional[LoraAdapters] = None,
     ) -> None:
         super().__init__()
         self.model = model
+        self.lora = lora
         self.logprob_chunk_size = logprob_chunk_size
         config = getattr(model, "config", None)
         self.hidden_size: Optional[int] = hidden_size or getattr(config, "hidden_size", None)

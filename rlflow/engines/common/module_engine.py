@@ -30,14 +30,16 @@ from rlflow.engines.common.checkpointing import (
 )
 from rlflow.engines.common.distributed import join_process_group
 from rlflow.engines.common.forward_backward import run_forward_backward
-from rlflow.engines.common.hf_export import save_hf_from_export
+from rlflow.engines.common.hf_export import save_hf_from_export, write_from_export, write_peft_adapter_folder
 from rlflow.engines.common.hf_module import forward_micro_batch, hf_named_tensors, load_forward_module
+from rlflow.engines.common.lora import LoraAdapters, adapters_disabled, is_adapter_param
+from rlflow.engines.common.lora_export import adapter_tensors, merged_lora_tensors
 from rlflow.engines.common.models import ForwardModule, get_model_kind
 from rlflow.engines.common.modes import module_mode
 from rlflow.engines.common.offload import HostOffload
 from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.engines.common.optimizers import build_adamw, move_optimizer_state, no_decay_names
-from rlflow.engines.config import EngineConfig, HFModuleEngineConfig
+from rlflow.engines.config import EngineConfig, EngineConfigError, HFModuleEngineConfig
 from rlflow.protocol import DataProto
 
 __all__ = ["ModuleEngine"]
@@ -49,7 +51,14 @@ class ModuleEngine(BaseEngine):
     config_class = HFModuleEngineConfig
     config: EngineConfig
     # RESHARD: the state is a DCP checkpoint of FQN-keyed state dicts, which DCP redistributes over any world size
-    capabilities = frozenset({Capability.MIXED_PRECISION, Capability.VALUE_MODEL, Capability.RESHARD})
+    capabilities = frozenset({Capability.MIXED_PRECISION, Capability.VALUE_MODEL, Capability.RESHARD, Capability.LORA})
+
+    @classmethod
+    def check_supported(cls, config: EngineConfig, model_kind: str = "causal_lm") -> None:
+        super().check_supported(config, model_kind)
+        if config.lora.enabled and model_kind != "causal_lm":
+            raise EngineConfigError(f"lora.rank={config.lora.rank} on a {model_kind} model (critic, reward model) is not "
+                                    "supported; set that engine's lora.rank=0")
 
     def __init__(self, config: EngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
         super().__init__(config, model_path, model_kind)
@@ -62,6 +71,7 @@ class ModuleEngine(BaseEngine):
         self.group: Optional[dist.ProcessGroup] = None  # checkpoints and exports: every rank (the default group)
         self.dp_group: Optional[dist.ProcessGroup] = None  # global batch counts: the data-parallel ranks (None: all)
         forward_module = self._load_forward_module()
+        self.lora: Optional[LoraAdapters] = forward_module.lora
         no_decay = no_decay_names(forward_module)
         self.hidden_size = forward_module.hidden_size
         self.attn_implementation = forward_module.attn_implementation
@@ -70,7 +80,7 @@ class ModuleEngine(BaseEngine):
         self.optimizer = build_adamw(self.module.named_parameters(), no_decay, cfg.optimizer)
         self.stepper = OptimizerStepper(self.optimizer, cfg, self._clip_grad_norm)
         self.offloader = HostOffload(self.device, cfg, self._move_module, partial(move_optimizer_state, self.optimizer))
-        setup = setup_meta(cfg.name, self.model_kind, self.world_size, self._layout())
+        setup = setup_meta(cfg.name, self.model_kind, self.world_size, {**self._layout(), **self._lora_layout()})
         reshard = Capability.RESHARD in self.capabilities
         self.checkpointer = EngineCheckpointer(setup, self.stepper, self.rank, self.group, reshard, cfg.seed)
 
@@ -123,23 +133,59 @@ class ModuleEngine(BaseEngine):
     def save_checkpoint(self, path: str | Path) -> None:
         self._require_initialized()
         with self.offloader.resident(), self.checkpointer.save(path) as folder:
-            save_module_state(folder, self.module, self.optimizer, self.group)
+            save_module_state(folder, self.module, self.optimizer, self.group, trainable_only=self.lora is not None)
             save_model_files(folder, self.model_path, self.group)
 
     def load_checkpoint(self, path: str | Path) -> None:
         self._require_initialized()
         with self.checkpointer.load(path) as folder, self.offloader.resident():
-            load_module_state(folder, self.module, self.optimizer, self.group)
+            load_module_state(folder, self.module, self.optimizer, self.group, trainable_only=self.lora is not None)
 
     def export_hf_weights(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
         self._require_initialized()
         with self.offloader.params_resident():
-            yield from self._hf_named_tensors(self._iter_full_tensors(), dtype)
+            named = self._iter_full_tensors()
+            if self.lora is not None:
+                named = merged_lora_tensors(named, self.lora.scaling)
+            yield from self._hf_named_tensors(named, dtype)
 
     def save_hf(self, path: str | Path) -> None:
         self._require_initialized()
         config = self.kind.export_config(self.module)
         save_hf_from_export(path, self.export_hf_weights(), self.model_path, config, self.group)
+
+    # ------------------------------------------------------------------ LoRA
+    def adapters_disabled(self) -> AbstractContextManager[None]:
+        self._require_lora()
+        return adapters_disabled(self.module)
+
+    def export_lora_adapter(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
+        self._require_lora()
+        with self.offloader.params_resident():
+            yield from adapter_tensors(self._iter_full_tensors(only=is_adapter_param), dtype)
+
+    def lora_adapter_config(self) -> str:
+        self._require_lora()
+        return self.lora.adapter_config_json()
+
+    def save_lora_adapter(self, path: str | Path) -> None:
+        self._require_lora()
+        config_json = self.lora_adapter_config()
+        write_from_export(self.export_lora_adapter(), partial(write_peft_adapter_folder, path, adapter_config_json=config_json),
+                          self.group)
+
+    def _require_lora(self) -> None:
+        self._require_initialized()
+        if self.lora is None:
+            raise self._no_adapters()
+
+    def _lora_layout(self) -> dict[str, Any]:
+        """What a checkpoint of adapters only must match: the adapters' shape and targets (none without LoRA)."""
+        if self.lora is None:
+            return {}
+        peft_config = self.lora.peft_config
+        return {"lora": {"rank": peft_config.r, "alpha": float(peft_config.lora_alpha),
+                         "target_modules": sorted(peft_config.target_modules)}}
 
     # ------------------------------------------------------------------ model hooks
     def _load_forward_module(self) -> ForwardModule:
@@ -162,8 +208,9 @@ class ModuleEngine(BaseEngine):
         """Clip gradients to ``max_norm`` in place; return the global (all-rank) norm before clipping."""
 
     @abc.abstractmethod
-    def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(module parameter name, full tensor)`` one at a time on every rank (collective)."""
+    def _iter_full_tensors(self, only: Optional[Callable[[str], bool]] = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(module parameter name, full tensor)`` one at a time on every rank (collective), for every
+        parameter or those whose name ``only`` accepts (the others are not gathered)."""
 
     @abc.abstractmethod
     def _move_module(self, device: torch.device) -> None:

@@ -192,8 +192,8 @@ class TorchtitanEngine(ModuleEngine):
     def _clip_grad_norm(self, max_norm: float) -> float:
         return clip_grad_norm(self.module.parameters(), max_norm)
 
-    def _iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter_full_tensors(self.module)
+    def _iter_full_tensors(self, only: Optional[Callable[[str], bool]] = None) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter_full_tensors(self.module, only)
 
     def _move_module(self, device: torch.device) -> None:
         self.module.to(device)

@@ -1,0 +1,62 @@
+"""Exports of a LoRA model from its ``(parameter name, full tensor)`` stream, one module at a time.
+
+* ``merged_lora_tensors``: the stream with each adapted linear layer merged,
+  ``W = W_base + scaling * B @ A`` (computed in fp32, stored in the base weight's dtype),
+  under the layer's plain name (``q_proj.base_layer.weight`` + its adapters -> ``q_proj.weight``).
+  This is what the HF export and the merged weight sync send: names and shapes of the base model.
+* ``adapter_tensors``: the adapters alone, under peft's adapter-file names.
+
+Both consume the stream as the engines yield it (a module's base weight and adapters arrive
+together), so at most one layer's tensors are held at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Optional
+
+import torch
+
+from rlflow.engines.common.lora import ADAPTER_NAME, is_adapter_param, peft_tensor_name
+from rlflow.engines.common.models import FORWARD_PREFIX
+from rlflow.engines.common.optimizers import clean_param_name
+
+__all__ = ["adapter_tensors", "merged_lora_tensors"]
+
+_PARTS = {"base_layer.weight": "base", f"lora_A.{ADAPTER_NAME}.weight": "A", f"lora_B.{ADAPTER_NAME}.weight": "B"}
+
+
+def _lora_part(name: str) -> tuple[str, Optional[str]]:
+    """``(module path, "base" | "A" | "B")`` for a LoRA layer's weight, ``(name, None)`` otherwise."""
+    for suffix, part in _PARTS.items():
+        if name.endswith("." + suffix):
+            return name[: -len(suffix) - 1], part
+    return name, None
+
+
+def merged_lora_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], scaling: float) -> Iterator[tuple[str, torch.Tensor]]:
+    """The stream with every LoRA layer merged into one plain weight (and ``base_layer.bias`` renamed ``bias``)."""
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in named_tensors:
+        module, part = _lora_part(name)
+        if part is None:
+            yield name.replace(".base_layer.bias", ".bias"), tensor
+            continue
+        parts = pending.setdefault(module, {})
+        parts[part] = tensor
+        if len(parts) == len(_PARTS):
+            del pending[module]
+            base = parts["base"]
+            delta = parts["B"].float() @ parts["A"].float()
+            yield f"{module}.weight", (base.float() + scaling * delta).to(base.dtype)
+    if pending:
+        raise RuntimeError(f"LoRA layers {sorted(pending)[:3]} were exported without all of base, A and B")
+
+
+def adapter_tensors(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: Optional[torch.dtype] = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The adapter weights of the stream under peft's names (``base_model.model.<hf module>.lora_A.weight``)."""
+    for name, tensor in named_tensors:
+        if is_adapter_param(name):
+            hf_name = clean_param_name(name).removeprefix(FORWARD_PREFIX)
+            yield peft_tensor_name(hf_name), tensor if dtype is None else tensor.to(dtype)
