@@ -121,7 +121,7 @@ class EngineConfig:
             "lora.alpha": self.lora.alpha > 0,
             "lora.dropout": 0.0 <= self.lora.dropout < 1.0,
             "lora.target_modules": len(self.lora.target_modules) > 0,
-            "lora.parts": bool(self.lora.parts) and set(self.lora.parts) <= set(LORA_PARTS),
+            "lora.parts": bool(self.lora.parts),
         }
 
 

@@ -26,7 +26,8 @@ from rlflow.trainer.config_loading import PPO_ENGINE_MOUNTS, SFT_ENGINE_MOUNTS, 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "tests" / "plugins" / "user_plugin.py"
 BAD = "zz_not_a_choice"
-LIST_KEYS = {"trainer.logger"}
+# list-valued choice keys -> a legal first item (the misspelled value is the second)
+LIST_KEYS = {"trainer.logger": "console", **{f"{mount}.lora.parts": "mlp" for mount in (*PPO_ENGINE_MOUNTS, *SFT_ENGINE_MOUNTS)}}
 
 # String fields whose value is free text (a path, a name, a column, a spec), not one of a set.
 FREE_TEXT = {
@@ -34,14 +35,14 @@ FREE_TEXT = {
     "reward.custom_function", "reward.reward_model.path", "critic.model.path", "trainer.project_name", "trainer.experiment_name",
     "trainer.ray_address", "trainer.ray_temp_dir", "trainer.default_local_dir", "trainer.resume_from_path",
     "trainer.export_hf_dir", "trainer.plugins", "rollout.stop", "rollout.val_kwargs.stop", "data.train_files",
-    "data.val_files", "trainer.ray_node_ip_address",
+    "data.val_files", "trainer.ray_node_ip_address", "trainer.export_lora_adapter_dir",
 }
 # Engine keys handed to the model library or checked by the engine that owns them.
-ENGINE_FREE_TEXT = {"name", "attn_implementation", "wrap_layer_classes"}
+ENGINE_FREE_TEXT = {"name", "attn_implementation", "wrap_layer_classes", "lora.target_modules", "lora.adapter_path"}
 
 
 def _misspelled(key: str) -> str:
-    return f"{key}=[console,{BAD}]" if key in LIST_KEYS else f"{key}={BAD}"
+    return f"{key}=[{LIST_KEYS[key]},{BAD}]" if key in LIST_KEYS else f"{key}={BAD}"
 
 
 def _one_line_error(compose, overrides: list[str]) -> str:
