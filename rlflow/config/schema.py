@@ -147,6 +147,8 @@ class RolloutConfig:
     tensor_parallel_size: int = 1
     free_cache_engine: bool = True  # sleep/wake between phases when colocated on GPU
     weight_sync_bucket_mb: int = 64
+    lora_sync: str = "merged"  # a LoRA actor's sync: merged (base + adapters) | adapter (adapters only; docs/lora.md)
+    lora_rank: int = 0  # the actor's adapter rank (actor.engine.lora.rank); sizes the engine's adapter slots
     prompt_overflow: str = "error"  # error | truncate_left
     num_replicas: int = 0  # 0: one per actor DP rank (colocated); >0: a split rollout pool
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments

@@ -61,6 +61,12 @@ RLFLOW_ONLY_ENGINE_KEYS: list[tuple[str, str]] = [
     ("attn_implementation", "sdpa | eager | flash_attention_2 | flex_attention"),
     ("logprob_chunk_size", "tokens per chunk of the log-prob computation"),
     ("trust_remote_code", "defaults to model.trust_remote_code"),
+    ("lora.rank", "LoRA adapter rank; 0: full fine-tuning (docs/lora.md)"),
+    ("lora.alpha", "adapter scale alpha / rank"),
+    ("lora.dropout", ""),
+    ("lora.target_modules", "all-linear or module names"),
+    ("lora.parts", "attention | mlp | unembedding: what all-linear covers"),
+    ("lora.adapter_path", "a peft adapter folder to start from"),
 ]
 
 
@@ -215,6 +221,8 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (f"{ROLLOUT}tensor_model_parallel_size", "rollout.tensor_parallel_size", "only 1 today"),
         (f"{ROLLOUT}free_cache_engine", "rollout.free_cache_engine", ""),
         (None, "rollout.weight_sync_bucket_mb", ""),
+        (None, "rollout.lora_sync", "a LoRA actor's sync: merged | adapter"),
+        (None, "rollout.lora_rank", "the actor's lora.rank (interpolated)"),
         (None, "rollout.prompt_overflow", ""),
         (None, "rollout.num_replicas", "a split rollout pool of this many processes"),
         (f"{ROLLOUT}engine_kwargs.vllm", "rollout.engine_kwargs", "vllm.LLM(...) arguments, not nested under vllm"),
@@ -279,6 +287,7 @@ RUN_ROWS: list[Row] = [
     ("trainer.max_ckpt_to_keep", "trainer.max_ckpt_to_keep", "verl's SFT name; its PPO has one per role (below)"),
     (None, "trainer.max_consecutive_skipped_steps", "stop after this many non-finite-gradient steps in a row"),
     (None, "trainer.export_hf_dir", "the final model as an HF folder"),
+    (None, "trainer.export_lora_adapter_dir", "LoRA: the adapters as a peft folder"),
     (None, "trainer.allow_slow_half_precision", "run bf16/fp16 on a CPU without native instructions for it"),
     (None, "trainer.plugins", "modules or .py files every process imports first"),
     ("trainer.external_lib", "trainer.external_lib", "merged into trainer.plugins"),

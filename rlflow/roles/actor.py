@@ -94,3 +94,11 @@ class Actor(EngineRole):
         """
         tensors = self.engine.export_hf_weights(dtype=resolve_dtype(dtype))
         return publish_weights(tensors, bucket_mb, publish=self.rank == 0)
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def publish_lora_adapter(self, bucket_mb: float, dtype: str) -> dict[str, Any]:
+        """``publish_weights`` for the LoRA adapters alone (``rollout.lora_sync=adapter``): ``{"refs": bucket
+        refs, "config": adapter_config.json text}`` on rank 0; ``RolloutWorker.update_lora_adapter`` loads them."""
+        tensors = self.engine.export_lora_adapter(dtype=resolve_dtype(dtype))
+        return {"refs": publish_weights(tensors, bucket_mb, publish=self.rank == 0),
+                "config": self.engine.lora_adapter_config()}

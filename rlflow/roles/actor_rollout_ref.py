@@ -17,7 +17,7 @@ from rlflow.roles.actor import Actor, reference_is_base_model
 from rlflow.roles.engine_role import build_initialized_engine
 from rlflow.roles.reference import REF_MESH, ref_log_probs
 from rlflow.roles.rollout_worker import ROLLOUT_MESH, RolloutMethods
-from rlflow.rollout import build_rollout
+from rlflow.rollout import build_rollout, syncs_adapters
 from rlflow.rollout.weight_sync import MiB
 from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
 
@@ -46,7 +46,12 @@ class ActorRolloutRef(RolloutMethods, Actor):
     @register(dispatch_mode=ONE_TO_ALL)
     def sync_weights(self) -> dict[str, float]:
         """Copy the actor's current weights, in the rollout's dtype, into this rank's rollout engine
-        (collective export: every rank's export yields the complete model)."""
+        (collective export: every rank's export yields the complete model); with
+        ``rollout.lora_sync=adapter``, the actor's LoRA adapters alone."""
         start = time.perf_counter()
-        loaded = self.rollout.update_weights(self.engine.export_hf_weights(dtype=resolve_dtype(self.config.dtype)))
+        dtype = resolve_dtype(self.config.dtype)
+        if syncs_adapters(self.config):
+            loaded = self.rollout.update_lora_adapter(self.engine.lora_adapter_config(), self.engine.export_lora_adapter(dtype))
+        else:
+            loaded = self.rollout.update_weights(self.engine.export_hf_weights(dtype=dtype))
         return {"timing_s/weight_sync": time.perf_counter() - start, "weight_sync/mb": loaded / MiB}

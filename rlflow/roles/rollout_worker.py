@@ -79,3 +79,10 @@ class RolloutWorker(RolloutMethods, Worker):
         start = time.perf_counter()
         loaded = self.rollout.update_weights(stream_published_weights(weight_refs))
         return {"timing_s/weight_sync": time.perf_counter() - start, "weight_sync/mb": loaded / MiB}
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def update_lora_adapter(self, published: dict[str, Any]) -> dict[str, float]:
+        """Load LoRA adapters published with ``Actor.publish_lora_adapter`` (``rollout.lora_sync=adapter``)."""
+        start = time.perf_counter()
+        loaded = self.rollout.update_lora_adapter(published["config"], stream_published_weights(published["refs"]))
+        return {"timing_s/weight_sync": time.perf_counter() - start, "weight_sync/mb": loaded / MiB}

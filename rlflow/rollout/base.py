@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, TypeVar
+from typing import Any, Callable, ClassVar, Iterable, Optional, TypeVar
 
 import torch
 
@@ -37,8 +37,12 @@ class BaseRollout(ABC):
     """Generates responses for a batch of prompts and takes new weights from the trainer.
 
     ``config`` is a ``RolloutConfig`` (dataclass or OmegaConf node); ``model_path`` an HF folder;
-    ``replica_rank`` tells replicas apart so seeded sampling differs between them.
+    ``replica_rank`` tells replicas apart so seeded sampling differs between them. A backend that
+    applies LoRA adapters at generation (``rollout.lora_sync=adapter``) sets ``takes_lora_adapters``
+    and implements ``update_lora_adapter``.
     """
+
+    takes_lora_adapters: ClassVar[bool] = False
 
     def __init__(self, config: Any, model_path: str | Path, device: str | torch.device = "auto", replica_rank: int = 0):
         self.config = config
@@ -102,6 +106,12 @@ class BaseRollout(ABC):
         stream.finish()
         self._weights_valid = True
         return stream.bytes_seen
+
+    def update_lora_adapter(self, adapter_config_json: str, named_tensors: NamedTensors) -> int:
+        """Generate from now on with these LoRA adapters (peft names, ``adapter_config.json`` text) applied
+        on the base weights; returns the bytes loaded."""
+        raise ConfigError(f"config key 'rollout.lora_sync': the {self.config.name} rollout takes merged weights only; "
+                          "set rollout.lora_sync=merged")
 
     @abstractmethod
     def _load_weights(self, named_tensors: NamedTensors) -> None:

@@ -12,6 +12,11 @@
   has); building it is then collective over that group, and shutting it down keeps the group.
 * GPU with ``free_cache_engine``: ``sleep()``/``wake_up()`` free and restore weights and KV cache
   between rollouts. CPU differences live in ``vllm_cpu_compat``.
+* LoRA with ``rollout.lora_sync=adapter``: the engine keeps the base weights and applies the actor's
+  adapters at generation (``enable_lora``, one adapter slot of ``rollout.lora_rank`` rounded up to a
+  rank vLLM offers). Each sync writes the adapters as a peft folder in the replica's own temporary
+  folder and registers it under a new adapter id (vLLM caches adapters by id, so a reused id would
+  keep serving the old weights), dropping the previous one; the prefix cache is reset.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from rlflow.config.validation import ConfigError
 from rlflow.rollout import vllm_cpu_compat
 from rlflow.rollout.base import BaseRollout, SeedKey, register_rollout
 from rlflow.rollout.sampling import Sampling, request_seed
-from rlflow.rollout.weight_sync import NamedTensors, iter_buckets
+from rlflow.rollout.lora_adapter import LocalAdapter
+from rlflow.rollout.weight_sync import CheckedWeightStream, NamedTensors, iter_buckets
 
 GiB = 1 << 30
 
@@ -55,7 +61,9 @@ def _keep_default_process_group(host_owns_group: bool) -> Iterator[None]:
 
 @register_rollout("vllm")
 class VLLMRollout(BaseRollout):
-    """Rollout on an in-process ``vllm.LLM`` with bucketed in-place weight reloads."""
+    """Rollout on an in-process ``vllm.LLM`` with bucketed in-place weight reloads (or LoRA adapters)."""
+
+    takes_lora_adapters = True
 
     def __init__(self, config: Any, model_path: str | Path, device: str | torch.device = "auto", replica_rank: int = 0):
         super().__init__(config, model_path, device, replica_rank)
@@ -65,6 +73,7 @@ class VLLMRollout(BaseRollout):
                 f"{config.tensor_parallel_size}; run more replicas (rollout.num_replicas) instead"
             )
         self._on_cpu = self.device.type == "cpu"
+        self._adapter = LocalAdapter(config) if config.lora_sync == "adapter" and int(config.lora_rank) > 0 else None
         self._sleep_enabled = bool(config.free_cache_engine) and (not self._on_cpu or vllm_cpu_compat.SLEEP_SUPPORTED)
         self._asleep = False
         self._host_owns_group = dist.is_available() and dist.is_initialized()
@@ -89,6 +98,8 @@ class VLLMRollout(BaseRollout):
             tensor_parallel_size=1,
             enable_sleep_mode=self._sleep_enabled,
         )
+        if self._adapter is not None:
+            kwargs.update(self._adapter.engine_kwargs())
         if self._on_cpu:
             vllm_cpu_compat.check_kv_cache_size(config.kv_cache_space_gb)
             kwargs.update(vllm_cpu_compat.ENGINE_KWARGS)
@@ -124,7 +135,8 @@ class VLLMRollout(BaseRollout):
                         detokenize=bool(sampling.stop),
                     )
                 )
-        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        lora_request = None if self._adapter is None else self._adapter.request
+        outputs = self._llm.generate(requests, params, use_tqdm=False, lora_request=lora_request)
         responses, log_probs = [], []
         for output in outputs:
             completion = output.outputs[0]
@@ -143,6 +155,19 @@ class VLLMRollout(BaseRollout):
         if self._asleep:
             self._llm.wake_up(tags=["kv_cache"])
             self._asleep = False
+
+    def update_lora_adapter(self, adapter_config_json: str, named_tensors: NamedTensors) -> int:
+        if self._adapter is None:
+            raise ConfigError("config key 'rollout.lora_sync': this vLLM engine was built without adapter slots; "
+                              "set rollout.lora_sync=adapter with actor.engine.lora.rank > 0")
+        self._require_awake("load adapters")
+        stream = CheckedWeightStream(named_tensors, None)
+        request, stale = self._adapter.write(adapter_config_json, stream)
+        if stale is not None:
+            self._llm.llm_engine.remove_lora(stale)
+        self._llm.llm_engine.add_lora(request)  # load now: the sync is timed, not the next generate
+        self._llm.reset_prefix_cache()
+        return stream.bytes_seen
 
     def _to_device_in_buckets(self, named_tensors: NamedTensors) -> Iterator[tuple[str, torch.Tensor]]:
         """Move the tensors to the engine's device a bounded bucket at a time."""
@@ -169,6 +194,8 @@ class VLLMRollout(BaseRollout):
 
     def shutdown(self) -> None:
         """Shut the engine down (frees its memory and shared buffers), keeping the host's process group."""
+        if getattr(self, "_adapter", None) is not None:
+            self._adapter.cleanup()
         llm, self._llm = getattr(self, "_llm", None), None
         if llm is None:
             return

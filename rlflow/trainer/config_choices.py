@@ -33,7 +33,7 @@ from rlflow.models.hf_checkpoint import DTYPES
 from rlflow.models.presets import PRESETS
 from rlflow.observability.tracking import TRACKER_REGISTRY
 from rlflow.rewards.combine import REWARD_COMBINE_REGISTRY
-from rlflow.rollout import ROLLOUT_REGISTRY
+from rlflow.rollout import LORA_SYNC_MODES, ROLLOUT_REGISTRY
 from rlflow.rollout.processing import PROMPT_OVERFLOW_POLICIES
 from rlflow.rollout.sampling import LOGPROBS_MODES
 from rlflow.trainer.checkpoint import RESUME_MODES
@@ -119,6 +119,7 @@ def ppo_choices(engine_mounts: Iterable[str]) -> list[Choice]:
         Choice("rollout.logprobs_mode", LOGPROBS_MODES),
         Choice("rollout.prompt_overflow", PROMPT_OVERFLOW_POLICIES),
         Choice("rollout.dtype", DTYPES),
+        Choice("rollout.lora_sync", LORA_SYNC_MODES),
         Choice("algorithm.adv_estimator", ADV_ESTIMATOR_REGISTRY),
         Choice("algorithm.kl_penalty", KL_ESTIMATOR_REGISTRY, _kl_base),
         Choice("algorithm.kl_ctrl.type", KL_CONTROLLER_REGISTRY),

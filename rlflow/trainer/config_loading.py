@@ -11,6 +11,7 @@ from rlflow.config import ConfigError, validate_config
 from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.engines.config import EngineConfigError, config_from_mapping
 from rlflow.engines.registry import EngineRegistry
+from rlflow.rollout import ROLLOUT_REGISTRY
 from rlflow.trainer.config_choices import Choice, check_choices, ppo_choices, sft_choices
 from rlflow.trainer.dtype_guard import ComputeDtypeKey, check_half_precision, ppo_dtype_keys, sft_dtype_keys
 from rlflow.trainer.timeouts import check_timeouts
@@ -89,7 +90,21 @@ def _load(cfg: DictConfig, schema: type, engine_mounts: tuple[str, ...], choices
 
 def load_ppo_config(cfg: DictConfig) -> DictConfig:
     """Validate a composed ``ppo_trainer`` config; raises a ``UserError`` naming the bad key."""
-    return _load(cfg, PPOConfig, PPO_ENGINE_MOUNTS, ppo_choices, ppo_dtype_keys, PPO_POLICY_MOUNTS)
+    config = _load(cfg, PPOConfig, PPO_ENGINE_MOUNTS, ppo_choices, ppo_dtype_keys, PPO_POLICY_MOUNTS)
+    _check_lora_sync(config)
+    return config
+
+
+def _check_lora_sync(config: DictConfig) -> None:
+    """``rollout.lora_sync=adapter`` needs a LoRA actor and a rollout backend that applies adapters."""
+    if config.rollout.lora_sync != "adapter":
+        return
+    if int(config.actor.engine.lora.rank) <= 0:
+        raise ConfigError("config key 'rollout.lora_sync': adapter sync needs a LoRA actor (actor.engine.lora.rank > 0); "
+                          "set rollout.lora_sync=merged")
+    if not ROLLOUT_REGISTRY.get(config.rollout.name).takes_lora_adapters:
+        raise ConfigError(f"config key 'rollout.lora_sync': the {config.rollout.name} rollout takes merged weights only; "
+                          "set rollout.lora_sync=merged or rollout=vllm")
 
 
 def load_sft_config(cfg: DictConfig) -> DictConfig:

@@ -21,6 +21,7 @@ from rlflow.roles.critic import Critic
 from rlflow.roles.reference import Reference
 from rlflow.roles.reward_model import RewardModel
 from rlflow.roles.rollout_worker import RolloutWorker
+from rlflow.rollout import syncs_adapters
 from rlflow.trainer.timeouts import group_timeouts
 from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
 
@@ -41,6 +42,9 @@ class PlacedRoles:
         """Push the actor's weights into every rollout replica, in the rollout's dtype (``rollout.dtype``)."""
         if self.colocated:
             return self.actor.sync_weights()[0]
+        if syncs_adapters(rollout_config):
+            published = self.actor.publish_lora_adapter(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
+            return self.rollout.update_lora_adapter(published)[0]
         refs = self.actor.publish_weights(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
         return self.rollout.update_weights(refs)[0]
 

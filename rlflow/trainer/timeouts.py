@@ -31,6 +31,8 @@ METHOD_PHASES: dict[str, str] = {
     "sync_weights": "sync",
     "publish_weights": "sync",
     "update_weights": "sync",
+    "publish_lora_adapter": "sync",
+    "update_lora_adapter": "sync",
     "sleep": "sync",
     "wake_up": "sync",
     "save_checkpoint": "save",

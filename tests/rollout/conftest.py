@@ -1,8 +1,10 @@
-"""Rollout test fixtures: the tiny preset (built once per session) and its HF model and tokenizer."""
+"""Rollout test fixtures: the tiny preset (built once per session), its HF model and tokenizer, and the
+clean-up of an in-process engine's process group."""
 
 from __future__ import annotations
 
 import pytest
+import torch.distributed as dist
 
 from rlflow.models.loading import load_causal_lm, load_tokenizer
 from rlflow.data.tasks.corpus import tokenizer_corpus
@@ -38,3 +40,13 @@ def ray_session():
     yield
     shutdown_ray()
     shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def in_process_group():
+    """An engine built in the test creates this process's (one-rank) default group; destroy it after the
+    test so later tests in the same pytest process can create theirs."""
+    assert not dist.is_initialized(), "an earlier test left a default process group behind"
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()

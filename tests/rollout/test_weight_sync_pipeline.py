@@ -8,7 +8,6 @@ import time
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlflow.engines import build_engine
 from rlflow.rollout.weight_sync import iter_buckets, prefetched, publish_weights, stream_published_weights
@@ -65,16 +64,6 @@ def test_split_stream_delivers_every_tensor_in_order_bit_equal(ray_session):
     for (_, want), (_, got) in zip(tensors, received):
         assert got.dtype == want.dtype and got.shape == want.shape
         assert torch.equal(got.view(-1).view(torch.uint8), want.contiguous().view(-1).view(torch.uint8))
-
-
-@pytest.fixture
-def in_process_group():
-    """The engine below creates this process's (one-rank) default group; destroy it after the test so
-    later tests in the same pytest process can create theirs."""
-    assert not dist.is_initialized(), "an earlier test left a default process group behind"
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def test_colocated_export_copies_and_casts_only_when_needed(tiny_path, in_process_group):
