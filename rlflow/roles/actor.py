@@ -13,8 +13,10 @@ from rlflow.roles.engine_role import EngineRole, renamed_or_empty, response_colu
 from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, make_policy_loss_fn
 from rlflow.roles.reference import REF_MESH, ref_log_probs
 from rlflow.rollout import publish_weights
+from rlflow.utils.logging import get_logger
 from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
 
+logger = get_logger(__name__)
 ACTOR_MESH = "actor"
 POLICY_INPUTS = ("old_log_probs", "advantages")
 
@@ -38,6 +40,8 @@ class Actor(EngineRole):
         if reference_is_base_model(actor_config):  # the reference mesh is the actor's: its adapters off
             mesh = self.engine.mesh
             self.register_mesh(REF_MESH, mesh.dp_rank, mesh.dp_size, mesh.is_collect)
+            if self.rank == 0:
+                logger.info("reference: the actor's base model (LoRA adapters off); ref.engine is not built")
 
     @register(dispatch_mode=DP_COMPUTE, mesh=REF_MESH)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

@@ -7,7 +7,9 @@ the test process and world size 2 in one pair of spawned processes. Every loss c
 within 1e-4 relative per step, and so must the torchtitan engine's at tensor parallel size 2
 (``LAYOUTS``; docs/sft.md explains the tolerance), and that reference curve
 must match a plain single-process PyTorch loop (HF model, padded batches, AdamW) written
-independently of the engines. A newly registered engine with its rlflow/configs/engine/<name>.yaml
+independently of the engines. The same job with LoRA (``LORA_RUNS``: rank 4 on every attention and
+MLP linear layer) runs on every engine with ``Capability.LORA`` at both world sizes and must match the
+plain loop with ``peft`` adapters drawn from the same seed, within the same tolerance. A newly registered engine with its rlflow/configs/engine/<name>.yaml
 (the job picks it with ``engine=<name>``) joins automatically; engines registered without one
 (the engine suite's ``test_ddp``, when this runs in the same session) are not picked.
 """
@@ -20,10 +22,12 @@ from pathlib import Path
 import pytest
 import torch
 from sft_testlib import SFTAssets, run_ranks, sft_assets, sft_config, step_losses
+from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from rlflow.data.sft_dataset import build_sft_loader
 from rlflow.engines import EngineRegistry
+from rlflow.engines.base import Capability
 from rlflow.models.loading import load_tokenizer
 from rlflow.trainer.entry import CONFIG_DIR
 from rlflow.trainer.main_sft import run_sft
@@ -67,6 +71,14 @@ def job_overrides(assets: SFTAssets, engine: str, run_dir: Path) -> list[str]:
 # label -> (engine, extra overrides): layouts beyond data parallelism, run at world size 2
 LAYOUTS = {"torchtitan/tp2": ("torchtitan", ["engine.tensor_parallel_size=2"])}
 RUNS = {**{engine: (engine, []) for engine in ENGINES}, **{k: v for k, v in LAYOUTS.items() if v[0] in ENGINES}}
+# LoRA (rank 4 on every attention and MLP linear layer) on each engine that has it, at both world sizes;
+# these curves are checked against a plain peft loop instead
+LORA_RANK, LORA_ALPHA = 4, 8.0
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_RUNS = {
+    f"{engine}/lora": (engine, [f"engine.lora.rank={LORA_RANK}", f"engine.lora.alpha={LORA_ALPHA}"])
+    for engine in ENGINES if Capability.LORA in EngineRegistry.get(engine).capabilities
+}
 
 
 def runs_at(world_size: int) -> list[str]:
@@ -76,8 +88,8 @@ def runs_at(world_size: int) -> list[str]:
 def run_every_engine(rank: int, assets: SFTAssets, out_dir: Path, world_size: int) -> None:
     """On each rank: the job on every engine (and layout) in turn (the process group is reused)."""
     curves = {}
-    for label in runs_at(world_size):
-        engine, extra = RUNS[label]
+    for label in [*runs_at(world_size), *LORA_RUNS]:
+        engine, extra = {**RUNS, **LORA_RUNS}[label]
         run_dir = out_dir / f"{label.replace('/', '_')}_ws{world_size}"
         history = run_sft(sft_config(job_overrides(assets, engine, run_dir) + extra))
         curves[label] = step_losses(history)
@@ -97,14 +109,19 @@ def curves(tmp_path_factory) -> dict[int, dict[str, dict[int, float]]]:
     return result
 
 
-def plain_pytorch_losses(assets: SFTAssets) -> list[float]:
-    """The same job as a plain loop: padded HF forward, token-mean NLL on loss_mask tokens, clip, AdamW."""
+def plain_pytorch_losses(assets: SFTAssets, lora: bool = False) -> list[float]:
+    """The same job as a plain loop: padded HF forward, token-mean NLL on loss_mask tokens, clip, AdamW
+    (``lora``: peft adapters drawn from the engine's seed, and only they train)."""
     torch.manual_seed(0)
     config = sft_config(job_overrides(assets, ENGINES[0], Path("unused")))
     loader = build_sft_loader(config.data, load_tokenizer(assets.model), "train")
     model = AutoModelForCausalLM.from_pretrained(assets.model, dtype=torch.float32, attn_implementation="eager")
+    if lora:
+        torch.manual_seed(0)
+        model = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=LORA_TARGETS))
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
     losses = []
     for _, batch in zip(range(STEPS), loader):
         input_ids, attention_mask, loss_mask = (batch.batch[k] for k in ("input_ids", "attention_mask", "loss_mask"))
@@ -113,7 +130,7 @@ def plain_pytorch_losses(assets: SFTAssets) -> list[float]:
         mask = loss_mask[:, 1:].float()
         loss = -(token_log_probs * mask).sum() / mask.sum()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
@@ -142,3 +159,18 @@ def test_reference_engine_matches_a_plain_pytorch_loop(curves):
 @pytest.mark.parametrize("world_size,engine", [(ws, label) for ws in WORLD_SIZES for label in runs_at(ws)])
 def test_engine_loss_curve_matches_the_reference(curves, engine, world_size):
     assert_curves_close(curves[world_size][engine], curves[1][ENGINES[0]], f"{engine} ws={world_size}")
+
+
+@pytest.fixture(scope="module")
+def plain_peft_curve() -> dict[int, float]:
+    return dict(enumerate(plain_pytorch_losses(sft_assets(), lora=True), start=1))
+
+
+def test_the_suite_covers_lora_on_fsdp_and_fsdp2():
+    assert {"fsdp/lora", "fsdp2/lora"} <= set(LORA_RUNS)
+
+
+@pytest.mark.parametrize("world_size,run", [(ws, label) for ws in WORLD_SIZES for label in LORA_RUNS])
+def test_lora_loss_curve_matches_a_plain_peft_loop(curves, plain_peft_curve, run, world_size):
+    assert_curves_close(curves[world_size][run], plain_peft_curve, f"{run} ws={world_size} vs plain peft")
+    assert plain_peft_curve[STEPS] < plain_peft_curve[1], "the LoRA job must actually train"
