@@ -92,17 +92,18 @@ def _run(command: list[str], env: dict, log: Path, timeout: float) -> tuple[int,
 
 
 def run_rlflow(workload: Workload, model: Path, data: Path, out: Path, steps: int, workers: int,
-               timeout: float) -> tuple[list[dict], dict[str, float]]:
-    """Run rlflow for ``steps`` steps; its per-step records and peak RSS per process."""
-    run_dir = out / "rlflow-run"
+               timeout: float, extra: tuple[str, ...] = (), name: str = "rlflow") -> tuple[list[dict], dict[str, float]]:
+    """Run rlflow for ``steps`` steps (``extra``: more Hydra overrides) in ``out/<name>-run``; its per-step
+    records and peak RSS per process."""
+    run_dir = out / f"{name}-run"
     if run_dir.exists():
         shutil.rmtree(run_dir)  # written by this bench only: a fresh run each time
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "rlflow.trainer.main_ppo",
-               *rlflow_overrides(workload, model, data, run_dir, steps, workers)]
-    code, rss = _run(command, env, out / "rlflow.log", timeout)
+               *rlflow_overrides(workload, model, data, run_dir, steps, workers), *extra]
+    code, rss = _run(command, env, out / f"{name}.log", timeout)
     if code != 0:
-        raise RuntimeError(f"rlflow exited {code}; see {out / 'rlflow.log'}")
+        raise RuntimeError(f"rlflow exited {code}; see {out / f'{name}.log'}")
     return parse_rlflow_metrics((run_dir / "metrics.jsonl").read_text().splitlines()), rss
 
 

@@ -9,6 +9,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from rlflow.config import ConfigError, validate_config
 from rlflow.config.schema import PPOConfig, SFTConfig
+from rlflow.engines.common.lora import check_adapter_folder
 from rlflow.engines.config import EngineConfigError, config_from_mapping
 from rlflow.engines.registry import EngineRegistry
 from rlflow.rollout import ROLLOUT_REGISTRY
@@ -46,7 +47,10 @@ def _check_engine_supports(config: DictConfig, mount: str) -> None:
     node = OmegaConf.select(config, mount)
     engine_class = EngineRegistry.get(str(node.name), config_key=f"{mount}.name")
     try:
-        engine_class.check_supported(config_from_mapping(engine_class.config_class, node))
+        engine_config = config_from_mapping(engine_class.config_class, node)
+        engine_class.check_supported(engine_config)
+        if engine_config.lora.enabled and engine_config.lora.adapter_path:
+            check_adapter_folder(engine_config.lora)
     except EngineConfigError as error:
         raise ConfigError(f"config key '{mount}': {error}") from None
 

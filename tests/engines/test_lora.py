@@ -7,8 +7,9 @@ more, reloads the checkpoint and trains the same 3 again. Checked here:
 * only the adapters train and only they have optimizer state; the losses match the peft loop
   within 1e-4 relative, and the log-probs after training within 1e-5;
 * ``adapters_disabled`` gives the base model's log-probs (the HF model without adapters);
-* ``save_lora_adapter`` loads with ``PeftModel.from_pretrained`` and ``save_hf`` with
-  ``AutoModelForCausalLM`` (merged), each with the engine's log-probs;
+* ``save_lora_adapter`` loads with ``PeftModel.from_pretrained``, with ``save_hf`` with
+  ``AutoModelForCausalLM`` (merged) and as a new engine's ``lora.adapter_path``, each with the
+  engine's log-probs;
 * the checkpoint holds the adapters, their Adam moments and step counters, and nothing of the
   base model; a resume repeats the 3 steps after it bit for bit.
 """
@@ -73,8 +74,11 @@ def lora_scenario(rank: int, world_size: int, model_path: Path, out: Path) -> No
         after = train_steps(engine, _batches(10), rank, world_size)
         engine.load_checkpoint(folder / "ckpt")
         resumed = train_steps(engine, _batches(10), rank, world_size)
+        started = new_engine(engine_config(name, lora={**LORA, "adapter_path": str(folder / "adapter")}), model_path)
+        with torch.no_grad():
+            from_adapter = started.forward_backward(probe, forward_only=True)[0].batch["log_probs"]
         results[name] = {"trainable": trainable, "optimized": optimized, "first": first, "after": after,
-                         "resumed": resumed, "trained": trained, "disabled": disabled}
+                         "resumed": resumed, "trained": trained, "disabled": disabled, "from_adapter": from_adapter}
     save_results(rank, out, f"lora_ws{world_size}.pt", results)
 
 
@@ -150,6 +154,7 @@ def test_peft_adapter_folder_and_merged_export_load_with_the_trained_weights(run
     trained = _defined(results[engine]["trained"])
     peft_model = PeftModel.from_pretrained(reference_model(model_path), folder / "adapter")
     torch.testing.assert_close(_probe_log_probs(peft_model), trained, atol=1e-5, rtol=0)
+    torch.testing.assert_close(_defined(results[engine]["from_adapter"]), trained, atol=1e-6, rtol=0)  # lora.adapter_path
     merged = AutoModelForCausalLM.from_pretrained(folder / "hf", dtype=torch.float32)
     torch.testing.assert_close(_probe_log_probs(merged), trained, atol=1e-5, rtol=0)
     assert set(merged.state_dict()) == set(reference_model(model_path).state_dict()), "the merged export renamed weights"

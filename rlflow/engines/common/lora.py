@@ -36,6 +36,7 @@ __all__ = [
     "LoraAdapters",
     "add_lora_adapters",
     "adapters_disabled",
+    "check_adapter_folder",
     "target_module_names",
 ]
 
@@ -103,9 +104,12 @@ def _peft_config(config: LoRAConfig, targets: list[str], base_path: Path):
                       bias="none", task_type="CAUSAL_LM", base_model_name_or_path=str(base_path))
 
 
-def _saved_peft_config(config: LoRAConfig, folder: Path):
+def check_adapter_folder(config: LoRAConfig):
+    """The peft config of ``config.adapter_path``; ``EngineConfigError`` (one line) when the folder is not a peft
+    adapter folder or its rank and alpha differ from ``config``'s. Config loading calls it before Ray starts."""
     from peft import LoraConfig
 
+    folder = Path(str(config.adapter_path))
     if not (folder / ADAPTER_CONFIG_FILE).is_file() or not (folder / ADAPTER_WEIGHTS_FILE).is_file():
         raise EngineConfigError(f"lora.adapter_path={folder} is not a peft adapter folder "
                                 f"(needs {ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE})")
@@ -113,6 +117,11 @@ def _saved_peft_config(config: LoRAConfig, folder: Path):
     if (saved.r, float(saved.lora_alpha)) != (config.rank, float(config.alpha)):
         raise EngineConfigError(f"lora.adapter_path={folder} has rank {saved.r}, alpha {saved.lora_alpha}; "
                                 f"set lora.rank={saved.r} lora.alpha={saved.lora_alpha}")
+    return saved
+
+
+def _saved_peft_config(config: LoRAConfig):
+    saved = check_adapter_folder(config)
     saved.lora_dropout = config.dropout
     saved.inference_mode = False
     return saved
@@ -145,7 +154,7 @@ def add_lora_adapters(model: nn.Module, config: LoRAConfig, base_path: Path, see
     from peft import inject_adapter_in_model
 
     if config.adapter_path:
-        peft_config = _saved_peft_config(config, Path(config.adapter_path))
+        peft_config = _saved_peft_config(config)
     else:
         peft_config = _peft_config(config, target_module_names(model, config), base_path)
     set_seed(seed)  # lora_A's init: the same on every rank, and the same as peft on this model with this seed
