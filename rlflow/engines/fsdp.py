@@ -5,6 +5,8 @@ another. ``use_orig_params`` keeps the original parameter names and objects, so 
 optimizer's decay/no-decay split and DCP state dicts see HF names. Checkpoints are
 sharded DCP state dicts; HF export gathers one FSDP unit at a time
 (``summon_full_params(recurse=False)``). A checkpoint resumes at any world size (DCP reshards).
+With LoRA the frozen parameters outside the decoder layers (embeddings, final norm, LM head) stay
+out of FSDP, whole on every rank (``_frozen_root_params``).
 """
 
 from __future__ import annotations
@@ -58,10 +60,11 @@ class FSDPEngine(ModuleEngine):
         if param_dtype != resolve_dtype(cfg.dtype):
             mixed_precision = MixedPrecision(param_dtype=param_dtype, reduce_dtype=resolve_dtype(cfg.reduce_dtype))
         layer_classes = decoder_layer_classes(module, cfg.wrap_layer_classes)
+        self.unsharded_params = _frozen_root_params(module, layer_classes)
         return FSDP(
             module,
             auto_wrap_policy=ModuleWrapPolicy(layer_classes),
-            ignored_states=_frozen_root_params(module, layer_classes) or None,
+            ignored_states=self.unsharded_params or None,
             sharding_strategy=_STRATEGIES[cfg.sharding_strategy],
             mixed_precision=mixed_precision,
             device_id=self.device,  # FSDP1 needs an explicit device, torch.device("cpu") included
@@ -97,6 +100,8 @@ class FSDPEngine(ModuleEngine):
         for param in self.module.parameters():
             if param.grad is not None and param.grad.device != device:
                 param.grad = param.grad.to(device, non_blocking=True)
+        for param in self.unsharded_params:  # FSDP's ignored (whole, frozen) parameters
+            param.data = param.data.to(device, non_blocking=True)
 
     def _layout(self) -> dict[str, Any]:
         return {"sharding_strategy": self.config.sharding_strategy}  # every rank is a shard: dp_shard = world size

@@ -11,7 +11,9 @@ The weights are read from the checkpoint's sharded DCP state whatever world size
 (fsdp, fsdp2, torchtitan, ...) wrote it (``checkpoint_reader``), and named as HF names by that
 engine's class (``BaseEngine.checkpoint_hf_tensors``); config and tokenizer files come from the
 checkpoint's ``hf_config/`` or ``--model-path``; tied weights are written once, as
-``save_pretrained`` and the engines' ``save_hf`` write them. ``OUT`` is written atomically and replaced only
+``save_pretrained`` and the engines' ``save_hf`` write them. A LoRA checkpoint (it holds the adapters
+and their ``adapter_config.json``, not the base weights) becomes a peft adapter folder that
+``PeftModel.from_pretrained`` loads on its base model. ``OUT`` is written atomically and replaced only
 when it is missing, empty or an earlier rlflow export. Bad input: one line, exit status 2.
 """
 
@@ -28,7 +30,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from rlflow.engines import BaseEngine, EngineRegistry
 from rlflow.engines.common.checkpoint_reader import read_model_weights
 from rlflow.engines.common.checkpointing import HF_CONFIG_DIR, META_FILE, read_meta, resolve_checkpoint_dir
-from rlflow.engines.common.hf_export import EXPORT_MARKER, write_hf_folder
+from rlflow.engines.common.hf_export import EXPORT_MARKER, write_hf_folder, write_peft_adapter_folder
+from rlflow.engines.common.lora import ADAPTER_CONFIG_FILE
+from rlflow.engines.common.lora_export import adapter_tensors
 from rlflow.engines.common.models import MODEL_KINDS
 from rlflow.errors import CheckpointError, UserError
 from rlflow.trainer.checkpoint import DRIVER_STATE, CheckpointManager
@@ -123,6 +127,10 @@ def export_checkpoint(checkpoint: Path, out: Path, role: Optional[str] = None, m
     model_kind = meta.get("model_kind")
     if model_kind not in MODEL_KINDS:
         raise CheckpointError(f"checkpoint {folder}: model kind {model_kind!r} is not one of {sorted(MODEL_KINDS)}")
+    if (folder / ADAPTER_CONFIG_FILE).is_file():  # a LoRA checkpoint: the adapters alone, as a peft folder
+        _check_out(out)
+        write_peft_adapter_folder(out, adapter_tensors(read_model_weights(folder)), (folder / ADAPTER_CONFIG_FILE).read_text())
+        return folder
     source = _model_files(folder, model_path)
     _check_out(out)
     tied = _tied_copies(source)

@@ -7,7 +7,8 @@ more, reloads the checkpoint and trains the same 3 again. Checked here:
 * only the adapters train and only they have optimizer state; the losses match the peft loop
   within 1e-4 relative, and the log-probs after training within 1e-5;
 * ``adapters_disabled`` gives the base model's log-probs (the HF model without adapters);
-* ``save_lora_adapter`` loads with ``PeftModel.from_pretrained``, with ``save_hf`` with
+* ``save_lora_adapter`` loads with ``PeftModel.from_pretrained`` (so does ``rlflow-export`` of the
+  checkpoint), with ``save_hf`` with
   ``AutoModelForCausalLM`` (merged) and as a new engine's ``lora.adapter_path``, each with the
   engine's log-probs;
 * the checkpoint holds the adapters, their Adam moments and step counters, and nothing of the
@@ -41,6 +42,7 @@ from transformers import AutoModelForCausalLM
 
 from rlflow.engines.base import Capability
 from rlflow.engines.common.checkpointing import MODEL_OPTIM_DIR
+from rlflow.trainer.export_checkpoint import export_checkpoint
 
 LORA_ENGINES = engines_with(Capability.LORA)
 LORA = {"rank": 4, "alpha": 8.0}
@@ -154,6 +156,9 @@ def test_peft_adapter_folder_and_merged_export_load_with_the_trained_weights(run
     trained = _defined(results[engine]["trained"])
     peft_model = PeftModel.from_pretrained(reference_model(model_path), folder / "adapter")
     torch.testing.assert_close(_probe_log_probs(peft_model), trained, atol=1e-5, rtol=0)
+    export_checkpoint(folder / "ckpt", folder / "exported")  # rlflow-export: the checkpoint's adapters as a peft folder
+    exported = PeftModel.from_pretrained(reference_model(model_path), folder / "exported")
+    torch.testing.assert_close(_probe_log_probs(exported), trained, atol=1e-5, rtol=0)
     torch.testing.assert_close(_defined(results[engine]["from_adapter"]), trained, atol=1e-6, rtol=0)  # lora.adapter_path
     merged = AutoModelForCausalLM.from_pretrained(folder / "hf", dtype=torch.float32)
     torch.testing.assert_close(_probe_log_probs(merged), trained, atol=1e-5, rtol=0)

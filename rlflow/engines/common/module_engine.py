@@ -32,7 +32,7 @@ from rlflow.engines.common.distributed import join_process_group
 from rlflow.engines.common.forward_backward import run_forward_backward
 from rlflow.engines.common.hf_export import save_hf_from_export, write_from_export, write_peft_adapter_folder
 from rlflow.engines.common.hf_module import forward_micro_batch, hf_named_tensors, load_forward_module
-from rlflow.engines.common.lora import LoraAdapters, adapters_disabled, is_adapter_param
+from rlflow.engines.common.lora import ADAPTER_CONFIG_FILE, LoraAdapters, adapters_disabled, is_adapter_param
 from rlflow.engines.common.lora_export import adapter_tensors, merged_lora_tensors
 from rlflow.engines.common.models import ForwardModule, get_model_kind
 from rlflow.engines.common.modes import module_mode
@@ -135,6 +135,8 @@ class ModuleEngine(BaseEngine):
         with self.offloader.resident(), self.checkpointer.save(path) as folder:
             save_module_state(folder, self.module, self.optimizer, self.group, trainable_only=self.lora is not None)
             save_model_files(folder, self.model_path, self.group)
+            if self.lora is not None and self.rank == 0:  # what rlflow-export names the adapters' peft folder with
+                (folder / ADAPTER_CONFIG_FILE).write_text(self.lora_adapter_config())
 
     def load_checkpoint(self, path: str | Path) -> None:
         self._require_initialized()
