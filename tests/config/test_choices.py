@@ -16,6 +16,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from one_line_errors import one_line_error
 
 from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.engines.config import HFModuleEngineConfig
@@ -46,10 +47,7 @@ def _misspelled(key: str) -> str:
 
 
 def _one_line_error(compose, overrides: list[str]) -> str:
-    with pytest.raises(UserError) as raised:
-        compose(overrides)
-    message = str(raised.value)
-    assert "\n" not in message, message
+    message = one_line_error(compose, overrides)
     assert BAD in message, message
     return message
 

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from one_line_errors import one_line_error
 from cpuinfo_samples import AMX_SAPPHIRE_RAPIDS, AVX2_EPYC, AVX512_BF16_COOPER_LAKE
 
-from rlflow.errors import UserError
 from rlflow.models.hf_checkpoint import DTYPES
 from rlflow.trainer import dtype_guard
 from rlflow.trainer.config_choices import ppo_choices, sft_choices
@@ -42,27 +42,19 @@ def avx2_cpu(monkeypatch):
     _use_cpu(monkeypatch, AVX2_EPYC)
 
 
-def _refusal(compose, overrides: list[str]) -> str:
-    with pytest.raises(UserError) as raised:
-        compose(overrides)
-    message = str(raised.value)
-    assert "\n" not in message, message
-    return message
-
-
 @pytest.mark.parametrize(("compose", "key", "value"),
                          [(compose_ppo_config, key, HALF[i % 4]) for i, key in enumerate(PPO_KEYS)]
                          + [(compose_sft_config, key, HALF[i % 4]) for i, key in enumerate(SFT_KEYS)])
 def test_each_half_precision_key_is_refused_on_a_cpu_without_it(avx2_cpu, compose, key, value):
-    message = _refusal(compose, [f"{key}={value}", "trainer.device=cpu"])
+    message = one_line_error(compose, [f"{key}={value}", "trainer.device=cpu"])
     dtype = "bfloat16" if value.startswith("b") else "float16"
     assert message.startswith(f"config key '{key}': {dtype} compute is refused on this CPU (AMD EPYC)"), message
     assert "27x slower than float32" in message and FORCE in message, message
 
 
 def test_auto_device_on_a_machine_without_a_gpu_is_the_cpu(avx2_cpu):
-    assert "actor.engine.param_dtype" in _refusal(compose_ppo_config, ["actor.engine.param_dtype=bf16"])
-    assert "'engine.dtype'" in _refusal(compose_sft_config, ["engine.dtype=bf16", "engine.param_dtype=bf16"])
+    assert "actor.engine.param_dtype" in one_line_error(compose_ppo_config, ["actor.engine.param_dtype=bf16"])
+    assert "'engine.dtype'" in one_line_error(compose_sft_config, ["engine.dtype=bf16", "engine.param_dtype=bf16"])
 
 
 def _all_half(keys: list[str]) -> list[str]:
@@ -86,7 +78,7 @@ def test_cuda_is_never_refused(monkeypatch):
 
 def test_an_engines_own_device_decides_for_its_keys(avx2_cpu):
     compose_ppo_config(["trainer.device=cpu", "actor.engine.device=cuda", "actor.engine.param_dtype=bf16"])
-    message = _refusal(compose_ppo_config, ["trainer.device=cuda", "ref.engine.device=cpu", "ref.engine.dtype=fp16",
+    message = one_line_error(compose_ppo_config, ["trainer.device=cuda", "ref.engine.device=cpu", "ref.engine.dtype=fp16",
                                             "actor.engine.param_dtype=bf16"])
     assert message.startswith("config key 'ref.engine.dtype'"), message
 
@@ -100,7 +92,7 @@ def test_native_cpus_pass_and_fp16_needs_its_own_instructions(monkeypatch):
     compose_ppo_config([*_all_half(PPO_KEYS), "rollout.dtype=fp16", "trainer.device=cpu"])
     _use_cpu(monkeypatch, AVX512_BF16_COOPER_LAKE)
     compose_ppo_config([*_all_half(PPO_KEYS), "trainer.device=cpu"])
-    assert "'rollout.dtype': float16" in _refusal(compose_ppo_config, ["rollout.dtype=fp16", "trainer.device=cpu"])
+    assert "'rollout.dtype': float16" in one_line_error(compose_ppo_config, ["rollout.dtype=fp16", "trainer.device=cpu"])
 
 
 def test_reduce_dtype_and_fp32_are_not_compute_settings(avx2_cpu):

@@ -8,29 +8,21 @@ import sys
 from pathlib import Path
 
 import pytest
+from one_line_errors import one_line_error
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.engines.common.lora import target_module_names
 from rlflow.engines.config import EngineConfigError, LoRAConfig
-from rlflow.errors import UserError
 from rlflow.models.presets import build_preset
 from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _one_line(compose, overrides: list[str]) -> str:
-    with pytest.raises(UserError) as raised:
-        compose(overrides)
-    message = str(raised.value)
-    assert "\n" not in message, message
-    return message
-
-
 @pytest.mark.parametrize("compose,mount", [(compose_sft_config, "engine"), (compose_ppo_config, "actor.engine")])
 def test_lora_on_an_engine_without_it_is_refused(compose, mount):
-    message = _one_line(compose, [f"{mount}=torchtitan", f"{mount}.lora.rank=8"])
+    message = one_line_error(compose, [f"{mount}=torchtitan", f"{mount}.lora.rank=8"])
     assert f"config key '{mount}'" in message and "does not support lora" in message and "fsdp2" in message
 
 
@@ -43,11 +35,11 @@ def test_lora_on_an_engine_without_it_is_refused(compose, mount):
     (["actor.engine.lora.rank=8", "actor.engine.lora.alpha=0"], "lora.alpha=0.0"),
 ])
 def test_bad_lora_settings_name_their_key(overrides, words):
-    assert words in _one_line(compose_ppo_config, overrides)
+    assert words in one_line_error(compose_ppo_config, overrides)
 
 
 def test_a_missing_adapter_folder_is_refused_before_ray(tmp_path):
-    message = _one_line(compose_sft_config, ["engine.lora.rank=8", f"engine.lora.adapter_path={tmp_path / 'nope'}"])
+    message = one_line_error(compose_sft_config, ["engine.lora.rank=8", f"engine.lora.adapter_path={tmp_path / 'nope'}"])
     assert "lora.adapter_path" in message and "not a peft adapter folder" in message
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+from one_line_errors import one_line_error
 from omegaconf import OmegaConf
 
 from rlflow.config import ConfigError
@@ -14,14 +14,6 @@ from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
 HERE = Path(__file__).resolve().parent
 USER_PLUGIN = HERE / "user_plugin.py"
 OWN_CONFIG_ENGINE = HERE / "own_config_engine.py"
-
-
-def config_error(compose, overrides: list[str]) -> str:
-    with pytest.raises(ConfigError) as info:
-        compose(overrides)
-    message = str(info.value)
-    assert "\n" not in message, message
-    return message
 
 
 def test_plugins_are_normalized_and_external_lib_is_merged_in(monkeypatch):
@@ -34,7 +26,7 @@ def test_plugins_are_normalized_and_external_lib_is_merged_in(monkeypatch):
 
 
 def test_a_plugin_key_of_the_wrong_type_names_the_key():
-    assert "'trainer.plugins'" in config_error(compose_ppo_config, ["trainer.plugins=[1]"])
+    assert "'trainer.plugins'" in one_line_error(compose_ppo_config, ["trainer.plugins=[1]"], ConfigError)
 
 
 def test_fsdp2_subclass_gets_fsdp2_defaults_and_its_own_keys(tmp_path):
@@ -57,8 +49,8 @@ def test_engine_with_its_own_config_class_needs_no_yaml(tmp_path):
 
 
 def test_key_the_plugin_engine_does_not_have_names_key_and_class():
-    message = config_error(compose_sft_config, [f"trainer.plugins=[{OWN_CONFIG_ENGINE}]", "engine.name=user_ddp",
-                                                "engine.reshard_after_forward=false"])
+    message = one_line_error(compose_sft_config, [f"trainer.plugins=[{OWN_CONFIG_ENGINE}]", "engine.name=user_ddp",
+                                                  "engine.reshard_after_forward=false"], ConfigError)
     assert "'engine.reshard_after_forward'" in message and "UserDDPEngineConfig" in message
 
 
@@ -68,5 +60,5 @@ def test_name_override_picks_a_builtin_engine_with_its_yaml():
 
 
 def test_unknown_engine_without_plugin_lists_registered_engines():
-    message = config_error(compose_ppo_config, ["actor.engine=user_fsdp3"])
+    message = one_line_error(compose_ppo_config, ["actor.engine=user_fsdp3"], ConfigError)
     assert "(config key actor.engine.name)" in message and "user_fsdp3" in message and "fsdp2" in message
