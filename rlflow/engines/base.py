@@ -103,7 +103,7 @@ class Capability(str, enum.Enum):
     MIXED_PRECISION = "mixed_precision"  # param_dtype != dtype: compute in param_dtype, master weights in dtype
     VALUE_MODEL = "value_model"  # model_kind="value": an HF classification model with one label (critic, reward model)
     RESHARD = "reshard"  # load_checkpoint takes a checkpoint written at another world size (same layout otherwise)
-    LORA = "lora"  # lora.rank > 0: low-rank adapters are trained, and adapters_disabled/export_lora_adapter/save_lora_adapter work
+    LORA = "lora"  # lora.rank > 0: train low-rank adapters; the LoRA methods below work (docs/lora.md)
 
 
 LossFn = Callable[[dict[str, torch.Tensor], DataProto, LossContext], "tuple[torch.Tensor, dict[str, float]]"]

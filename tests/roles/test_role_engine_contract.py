@@ -90,7 +90,7 @@ def test_colocated_sync_exports_in_the_rollout_dtype(dtype):
     received = []
     role = SimpleNamespace(
         engine=StandInEngine(True),
-        config=SimpleNamespace(dtype=dtype),
+        config=SimpleNamespace(dtype=dtype, lora_sync="merged", lora_rank=0),
         rollout=SimpleNamespace(update_weights=lambda tensors: received.extend(tensors) or 8),
     )
     ActorRolloutRef.sync_weights(role)
