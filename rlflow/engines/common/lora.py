@@ -21,7 +21,7 @@ import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from safetensors.torch import load_file
@@ -56,7 +56,7 @@ _PART_COMPONENTS = {
 class LoraAdapters:
     """The adapters injected into a model: their peft config and the output scale ``alpha / rank``."""
 
-    peft_config: object  # peft.LoraConfig (its adapter_config.json is what a peft folder carries)
+    peft_config: Any  # peft.LoraConfig (its adapter_config.json is what a peft folder carries)
     scaling: float
 
     def adapter_config_json(self) -> str:
@@ -80,7 +80,7 @@ def target_module_names(model: nn.Module, config: LoRAConfig) -> list[str]:
     else:
         wanted = set(config.target_modules)
         names = [name for name, _ in linears if name in wanted or name.rsplit(".", 1)[-1] in wanted]
-        found = {name for name in names} | {name.rsplit(".", 1)[-1] for name in names}
+        found = set(names) | {name.rsplit(".", 1)[-1] for name in names}
         if wanted - found:
             raise EngineConfigError(
                 f"lora.target_modules {sorted(wanted - found)} match no linear layer of {type(model).__name__}; "
