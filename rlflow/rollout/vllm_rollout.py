@@ -160,13 +160,19 @@ class VLLMRollout(BaseRollout):
         if self._adapter is None:
             raise ConfigError("config key 'rollout.lora_sync': this vLLM engine was built without adapter slots; "
                               "set rollout.lora_sync=adapter with actor.engine.lora.rank > 0")
-        self._require_awake("load adapters")
+        if self._llm is None:
+            raise RuntimeError("cannot load adapters: this vLLM rollout has been shut down")
+        self.wake_up()  # colocated on a GPU the engine slept through the update (free_cache_engine)
+        self._weights_valid = False  # generate refuses until this sync has loaded the new adapters
         stream = CheckedWeightStream(named_tensors, None)
         request, stale = self._adapter.write(adapter_config_json, stream)
         if stale is not None:
             self._llm.llm_engine.remove_lora(stale)
-        self._llm.llm_engine.add_lora(request)  # load now: the sync is timed, not the next generate
+        # Load now, not at the next generate: the sync is what is timed, and an adapter vLLM rejects fails here
+        # with vLLM's error (raised inside generate, it left the engine hung in a measured case).
+        self._llm.llm_engine.add_lora(request)
         self._llm.reset_prefix_cache()
+        self._weights_valid = True
         return stream.bytes_seen
 
     def _to_device_in_buckets(self, named_tensors: NamedTensors) -> Iterator[tuple[str, torch.Tensor]]:

@@ -18,7 +18,7 @@ from rlflow.config.schema import SamplingConfig
 from rlflow.engines import build_engine
 from rlflow.models.loading import load_causal_lm
 from rlflow.protocol import DataProto
-from rlflow.rollout import build_rollout
+from rlflow.rollout import WeightSyncError, build_rollout
 
 RANK = 8
 PROMPTS = ["12+30=", "7*8=", "The quick brown fox", "1 2 3 4", "You are a helpful assistant.", "99-9="]
@@ -81,5 +81,23 @@ def test_greedy_generations_after_each_sync_equal_the_merged_hf_model(lora_sync,
                 assert ours == ref[: len(ours)], f"step {step}, prompt {row}: rollout {ours} vs merged HF {ref}"
                 assert len(ours) == NEW_TOKENS or ours[-1] in rollout.eos_ids, f"prompt {row} ended early: {ours}"
         assert _rollout_greedy(rollout, prompts) != base, "training did not change the greedy outputs"
+    finally:
+        rollout.shutdown()
+
+
+def test_an_adapter_vllm_rejects_fails_the_sync_and_generation_waits_for_a_good_one(tiny_path, tokenizer, in_process_group):
+    engine = build_engine({"name": "fsdp2", "device": "cpu", "lora": {"rank": RANK, "alpha": 16}}, tiny_path)
+    engine.initialize()
+    rollout = build_rollout(rollout_config("vllm", prompt_length=48, response_length=NEW_TOKENS, lora_sync="adapter",
+                                           lora_rank=RANK), tiny_path, "cpu")
+    good = list(engine.export_lora_adapter())
+    bad = [(name.replace("q_proj", "lm_head"), tensor) for name, tensor in good if "layers.0.self_attn.q_proj" in name]
+    try:
+        with pytest.raises(Exception, match="lm_head"):  # vLLM's Qwen2 takes no adapter on lm_head
+            rollout.update_lora_adapter(engine.lora_adapter_config().replace("q_proj", "lm_head"), bad)
+        with pytest.raises(WeightSyncError, match="failed part-way"):
+            rollout.generate(make_prompts(tokenizer, texts=PROMPTS), GREEDY)
+        rollout.update_lora_adapter(engine.lora_adapter_config(), good)
+        assert len(_rollout_greedy(rollout, make_prompts(tokenizer, texts=PROMPTS))) == len(PROMPTS)
     finally:
         rollout.shutdown()
