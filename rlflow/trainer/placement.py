@@ -129,8 +129,10 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
         rollout = start("rollout", WorkerSpec(RolloutWorker, config.rollout, str(model_path)),
                         config.rollout.num_replicas or procs)
         ref = None
-        if use_ref:  # a LoRA actor is its own reference (its base model): no second copy of the model
-            ref = actor if reference_is_base_model(config.actor) else start("ref", WorkerSpec(Reference, config.ref, str(model_path)), procs)
+        if use_ref and reference_is_base_model(config.actor):
+            ref = actor  # a LoRA actor is its own reference (its base model): no second copy of the model
+        elif use_ref:
+            ref = start("ref", WorkerSpec(Reference, config.ref, str(model_path)), procs)
         critic = start("critic", _critic_spec(config, model_path), procs) if use_critic else None
         reward_spec = _reward_model_spec(config, model_path)
         reward_model = start("reward_model", reward_spec, procs) if reward_spec else None

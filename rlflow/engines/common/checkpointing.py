@@ -241,7 +241,7 @@ def load_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Op
 def _trainable_entries(model_state: dict[str, Any], module: nn.Module) -> dict[str, Any]:
     """The entries of a ``get_state_dict`` model state that belong to parameters with ``requires_grad``.
 
-    Filtered by name rather than with ``StateDictOptions(ignore_frozen_params=True)``, which FSDP1's state-dict
-    hooks refuse when a unit's parameters are all frozen (the root's embeddings under LoRA)."""
+    Filtered by name, the same way for DDP, FSDP1 and FSDP2 state dicts (``StateDictOptions(ignore_frozen_params=True)``
+    failed inside FSDP1's state-dict hooks when a unit held frozen parameters only)."""
     trainable = {clean_param_name(name) for name, param in module.named_parameters() if param.requires_grad}
     return {key: value for key, value in model_state.items() if key in trainable}
