@@ -34,7 +34,7 @@ from rlflow.config.validation import ConfigError
 from rlflow.rollout import vllm_cpu_compat
 from rlflow.rollout.base import BaseRollout, SeedKey, register_rollout
 from rlflow.rollout.sampling import Sampling, request_seed
-from rlflow.rollout.lora_adapter import LocalAdapter
+from rlflow.rollout.lora_adapter import LocalAdapter, syncs_adapters
 from rlflow.rollout.weight_sync import CheckedWeightStream, NamedTensors, iter_buckets
 
 GiB = 1 << 30
@@ -73,7 +73,7 @@ class VLLMRollout(BaseRollout):
                 f"{config.tensor_parallel_size}; run more replicas (rollout.num_replicas) instead"
             )
         self._on_cpu = self.device.type == "cpu"
-        self._adapter = LocalAdapter(config) if config.lora_sync == "adapter" and int(config.lora_rank) > 0 else None
+        self._adapter = LocalAdapter(config) if syncs_adapters(config) else None
         self._sleep_enabled = bool(config.free_cache_engine) and (not self._on_cpu or vllm_cpu_compat.SLEEP_SUPPORTED)
         self._asleep = False
         self._host_owns_group = dist.is_available() and dist.is_initialized()
