@@ -39,7 +39,7 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator, Optional
 import torch
 
 from rlflow.engines.common.hf_module import hf_named_tensors
-from rlflow.engines.config import EngineConfig, EngineConfigError
+from rlflow.engines.config import EngineConfig, EngineConfigError, StepHyperparams
 from rlflow.protocol import DataProto
 
 __all__ = ["BaseEngine", "Capability", "EngineMesh", "LossContext", "LossFn"]
@@ -181,10 +181,11 @@ class BaseEngine(abc.ABC):
         """
 
     @abc.abstractmethod
-    def optim_step(self, lr: Optional[float] = None) -> dict[str, Any]:
+    def optim_step(self, lr: Optional[float] = None, hyperparams: Optional[StepHyperparams] = None) -> dict[str, Any]:
         """Clip, step and zero the gradients, then advance the LR schedule by one step.
 
-        ``lr`` replaces the scheduled learning rate for this one step only. When the
+        ``lr`` replaces the scheduled learning rate for this one step only; ``hyperparams`` replace
+        the configured AdamW betas, eps, weight decay and gradient clip where set (the Tinker service). When the
         gradient norm is not finite the update is skipped (gradients are dropped) and
         counted. Returns ``{"grad_norm", "lr", "skipped", "skipped_steps"}``.
         """

@@ -32,6 +32,7 @@ __all__ = [
     "LRSchedulerConfig",
     "LoRAConfig",
     "OptimizerConfig",
+    "StepHyperparams",
     "config_from_mapping",
 ]
 
@@ -49,6 +50,18 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.01
     grad_clip: float = 1.0  # max global grad norm; <= 0 measures the norm without clipping
+
+
+@dataclass(frozen=True)
+class StepHyperparams:
+    """AdamW settings for one ``optim_step``, each replacing the configured one where set (the Tinker API
+    sends the whole set with every step). ``weight_decay`` applies to the parameters that decay (not
+    biases and norm weights); ``grad_clip`` <= 0 measures the norm without clipping."""
+
+    betas: Optional[tuple[float, float]] = None
+    eps: Optional[float] = None
+    weight_decay: Optional[float] = None
+    grad_clip: Optional[float] = None
 
 
 @dataclass

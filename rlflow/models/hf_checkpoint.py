@@ -6,8 +6,9 @@ wrong path fails with a message that names the missing folder or file instead of
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -89,3 +90,22 @@ def load_pretrained(
         )
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"could not load a model from {str(folder)!r} with {auto_cls.__name__}: {err}") from err
+
+
+def safetensors_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of every weight in a local folder's safetensors files, one tensor at a time
+    (``model.safetensors``, or the shards an index lists); FileNotFoundError when the folder has neither."""
+    from safetensors import safe_open
+
+    folder = require_model_folder(path)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"model folder {str(folder)!r} has no safetensors weights")
+    for file in files:
+        with safe_open(str(folder / file), framework="pt") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)

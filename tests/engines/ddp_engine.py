@@ -34,7 +34,7 @@ from rlflow.engines.common.modes import module_mode
 from rlflow.engines.common.offload import HostOffload
 from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.engines.common.optimizers import build_adamw, move_optimizer_state, no_decay_names
-from rlflow.engines.config import HFModuleEngineConfig
+from rlflow.engines.config import HFModuleEngineConfig, StepHyperparams
 from rlflow.protocol import DataProto
 
 __all__ = ["DDPTestEngine", "DDPTestEngineConfig"]
@@ -93,9 +93,9 @@ class DDPTestEngine(BaseEngine):
                 batch, forward, loss_fn, forward_only, self.config, group=None, device=self.device, no_sync=self.module.no_sync
             )
 
-    def optim_step(self, lr: Optional[float] = None) -> dict[str, Any]:
+    def optim_step(self, lr: Optional[float] = None, hyperparams: Optional[StepHyperparams] = None) -> dict[str, Any]:
         with self.offloader.resident():
-            return self.stepper.step(lr)
+            return self.stepper.step(lr, hyperparams)
 
     def zero_grad(self) -> None:
         self.stepper.zero_grad()

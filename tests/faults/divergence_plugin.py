@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from rlflow.engines.config import StepHyperparams
 from rlflow.engines.fsdp2 import FSDP2Engine
 from rlflow.engines.registry import EngineRegistry
 
@@ -19,11 +20,11 @@ from rlflow.engines.registry import EngineRegistry
 class NaNGradFSDP2Engine(FSDP2Engine):
     """FSDP2 whose loss has diverged: every gradient is NaN when the optimizer step comes."""
 
-    def optim_step(self, lr: Optional[float] = None) -> dict[str, Any]:
+    def optim_step(self, lr: Optional[float] = None, hyperparams: Optional[StepHyperparams] = None) -> dict[str, Any]:
         for param in self.module.parameters():
             if param.grad is not None:
                 param.grad.fill_(float("nan"))
-        return super().optim_step(lr)
+        return super().optim_step(lr, hyperparams)
 
 
 def broken_reward(data_source, solution_str, ground_truth, extra_info=None):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlflow.algos import get_policy_loss_fn, register_policy_loss
+from rlflow.engines.config import StepHyperparams
 from rlflow.engines.fsdp2 import FSDP2Engine, FSDP2EngineConfig
 from rlflow.engines.registry import EngineRegistry
 from rlflow.rewards import register_reward
@@ -45,9 +46,9 @@ class UserFSDP2Engine(FSDP2Engine):
     config_class = UserFSDP2Config
     config: UserFSDP2Config
 
-    def optim_step(self, lr: Optional[float] = None) -> dict[str, Any]:
+    def optim_step(self, lr: Optional[float] = None, hyperparams: Optional[StepHyperparams] = None) -> dict[str, Any]:
         leave_marker(self.config.marker_dir, "engine", str(self.rank))
-        return super().optim_step(lr)
+        return super().optim_step(lr, hyperparams)
 
 
 @register_policy_loss("user_vanilla")

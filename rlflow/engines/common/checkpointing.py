@@ -184,7 +184,8 @@ class EngineCheckpointer:
     optimizer-step state) are written and the folder is renamed into place.
     ``with checkpointer.load(path) as folder:`` checks the setup first (CheckpointError
     listing what differs), the engine reads its state, and on exit the RNG and the
-    optimizer-step state are restored.
+    optimizer-step state are restored. Either way an optimizer that has not stepped yet
+    is left with no state (``OptimizerStepper.forget_placeholder_state``).
     """
 
     def __init__(self, setup: dict[str, Any], stepper: OptimizerStepper, rank: int, group: Optional[dist.ProcessGroup],
@@ -201,6 +202,7 @@ class EngineCheckpointer:
             yield folder
             save_rng(folder, self.rank)
             write_meta(folder, {**self.setup, **self.stepper.state_dict()}, self.group)
+        self.stepper.forget_placeholder_state()
 
     @contextmanager
     def load(self, path: str | Path) -> Iterator[Path]:
@@ -215,6 +217,7 @@ class EngineCheckpointer:
                          folder, self.rank, meta["world_size"], self.seed)
             set_seed(self.seed + self.rank)
         self.stepper.load_state_dict(meta)
+        self.stepper.forget_placeholder_state()
 
 
 def save_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, group: Optional[dist.ProcessGroup],

@@ -39,7 +39,7 @@ from rlflow.engines.common.modes import module_mode
 from rlflow.engines.common.offload import HostOffload
 from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.engines.common.optimizers import build_adamw, move_optimizer_state, no_decay_names
-from rlflow.engines.config import EngineConfig, EngineConfigError, HFModuleEngineConfig
+from rlflow.engines.config import EngineConfig, EngineConfigError, HFModuleEngineConfig, StepHyperparams
 from rlflow.protocol import DataProto
 
 __all__ = ["ModuleEngine"]
@@ -105,10 +105,10 @@ class ModuleEngine(BaseEngine):
                 no_sync=self._grad_reduce_deferral(),
             )
 
-    def optim_step(self, lr: Optional[float] = None) -> dict[str, Any]:
+    def optim_step(self, lr: Optional[float] = None, hyperparams: Optional[StepHyperparams] = None) -> dict[str, Any]:
         self._require_initialized()
         with self.offloader.resident():
-            return self.stepper.step(lr)
+            return self.stepper.step(lr, hyperparams)
 
     def zero_grad(self) -> None:
         self._require_initialized()

@@ -1,9 +1,10 @@
 """The optimizer step as every engine runs it, whatever its parallelism.
 
-``OptimizerStepper.step(lr)``: measure (and clip) the global gradient norm with the
-engine's own norm function, skip the update when the norm is not finite (counted,
+``OptimizerStepper.step(lr, hyperparams)``: measure (and clip) the global gradient norm with
+the engine's own norm function, skip the update when the norm is not finite (counted,
 with a warning), otherwise run the optimizer at the scheduled LR or at ``lr`` for this
-one step, zero the gradients and advance the LR schedule. A skipped step still
+one step (and with ``hyperparams``' betas, eps, weight decay and clip where set), zero the
+gradients and advance the LR schedule. A skipped step still
 advances the schedule: it counts training steps, not successful updates.
 
 The engine supplies only what depends on its layout: the norm function (FSDP reads a
@@ -20,7 +21,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from rlflow.engines.common.lr_schedulers import LRSchedule
-from rlflow.engines.config import EngineConfig
+from rlflow.engines.common.optimizers import DECAYS
+from rlflow.engines.config import EngineConfig, StepHyperparams
 from rlflow.utils.logging import get_logger
 
 __all__ = ["OptimizerStepper"]
@@ -41,9 +43,14 @@ class OptimizerStepper:
         self.schedule = LRSchedule(config.lr_scheduler, config.optimizer.lr)
         self.skipped_steps = 0
 
-    def step(self, lr: Optional[float] = None) -> dict[str, Any]:
-        """One optimizer step; returns ``{"grad_norm", "lr", "skipped", "skipped_steps"}``."""
-        grad_norm = float(self.clip_grad_norm(self.grad_clip if self.grad_clip > 0 else math.inf))
+    def step(self, lr: Optional[float] = None, hyperparams: Optional[StepHyperparams] = None) -> dict[str, Any]:
+        """One optimizer step; returns ``{"grad_norm", "lr", "skipped", "skipped_steps"}``.
+
+        ``hyperparams`` replace the configured AdamW settings for this step (they stay in the param
+        groups until the next step that sets them)."""
+        hyperparams = hyperparams or StepHyperparams()
+        grad_clip = self.grad_clip if hyperparams.grad_clip is None else hyperparams.grad_clip
+        grad_norm = float(self.clip_grad_norm(grad_clip if grad_clip > 0 else math.inf))
         step_lr = self.schedule.current_lr() if lr is None else float(lr)
         skipped = not math.isfinite(grad_norm)
         if skipped:
@@ -52,6 +59,7 @@ class OptimizerStepper:
         else:
             for group in self.optimizer.param_groups:
                 group["lr"] = step_lr
+                _apply(group, hyperparams)
             self.optimizer.step()
         self.zero_grad()
         self.schedule.advance()
@@ -61,6 +69,13 @@ class OptimizerStepper:
         """Drop accumulated gradients (set to None)."""
         self.optimizer.zero_grad(set_to_none=True)
 
+    def forget_placeholder_state(self) -> None:
+        """Drop the optimizer state when no step has run yet. Writing or reading a checkpoint fills an
+        un-stepped optimizer's state (torch.distributed.checkpoint runs one zero-lr step to create it), and
+        AdamW would then bias-correct the first real step as its second."""
+        if self.schedule.step_count == 0:
+            self.optimizer.state.clear()
+
     def state_dict(self) -> dict[str, Any]:
         """The LR schedule's position and the skip counter (JSON-serialisable)."""
         return {"lr_schedule": self.schedule.state_dict(), "skipped_steps": self.skipped_steps}
@@ -69,3 +84,13 @@ class OptimizerStepper:
         """Restore what ``state_dict`` returned (extra keys, such as a checkpoint's setup, are ignored)."""
         self.schedule.load_state_dict(state["lr_schedule"])
         self.skipped_steps = int(state["skipped_steps"])
+
+
+def _apply(group: dict[str, Any], hyperparams: StepHyperparams) -> None:
+    """Set the given ``hyperparams`` on one AdamW param group (weight decay only on a group that decays)."""
+    if hyperparams.betas is not None:
+        group["betas"] = tuple(hyperparams.betas)
+    if hyperparams.eps is not None:
+        group["eps"] = float(hyperparams.eps)
+    if hyperparams.weight_decay is not None and group.get(DECAYS, True):
+        group["weight_decay"] = float(hyperparams.weight_decay)

@@ -15,8 +15,10 @@ from torch import nn
 
 from rlflow.engines.config import OptimizerConfig
 
-__all__ = ["build_adamw", "clean_param_name", "move_optimizer_state", "no_decay_names"]
+__all__ = ["DECAYS", "build_adamw", "clean_param_name", "move_optimizer_state", "no_decay_names"]
 
+# Param-group key: whether the group's parameters take weight decay (a per-step override applies to those only).
+DECAYS = "decays"
 _WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 
 
@@ -41,8 +43,8 @@ def build_adamw(
         if param.requires_grad:
             (skip if clean_param_name(name) in no_decay else decay).append(param)
     groups = [
-        {"params": decay, "weight_decay": config.weight_decay},
-        {"params": skip, "weight_decay": 0.0},
+        {"params": decay, "weight_decay": config.weight_decay, DECAYS: True},
+        {"params": skip, "weight_decay": 0.0, DECAYS: False},
     ]
     return torch.optim.AdamW(
         [g for g in groups if g["params"]], lr=config.lr, betas=tuple(config.betas), eps=config.eps

@@ -1,0 +1,44 @@
+"""Per-step AdamW settings (``optim_step(lr, StepHyperparams)``, the Tinker service's AdamParams) against a plain
+``torch.optim.AdamW`` built with those settings, with the gradient clipped by ``clip_grad_norm_``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlflow.engines.common.optimizer_step import OptimizerStepper
+from rlflow.engines.common.optimizers import build_adamw, no_decay_names
+from rlflow.engines.config import EngineConfig, StepHyperparams
+
+
+def _grads(model: nn.Module, seed: int) -> None:
+    torch.manual_seed(seed)
+    model.zero_grad()
+    (model(torch.randn(4, 6)) ** 2).sum().backward()
+
+
+def test_step_hyperparams_replace_the_configured_adamw_settings_for_that_step():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.LayerNorm(5), nn.Linear(5, 3))
+    reference = nn.Sequential(nn.Linear(6, 5), nn.LayerNorm(5), nn.Linear(5, 3))
+    reference.load_state_dict(model.state_dict())
+    config = EngineConfig()  # betas (0.9, 0.999), eps 1e-8, weight decay 0.01, clip 1.0: all replaced below
+    stepper = OptimizerStepper(build_adamw(model.named_parameters(), no_decay_names(model), config.optimizer), config,
+                               lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    hyperparams = StepHyperparams(betas=(0.5, 0.9), eps=1e-3, weight_decay=0.2, grad_clip=0.05)
+    decay = [p for n, p in reference.named_parameters() if p.ndim >= 2]
+    plain = torch.optim.AdamW([{"params": decay, "weight_decay": 0.2},
+                               {"params": [p for p in reference.parameters() if p.ndim < 2], "weight_decay": 0.0}],
+                              lr=0.03, betas=(0.5, 0.9), eps=1e-3)
+    for step in range(3):
+        _grads(model, step)
+        _grads(reference, step)
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05)
+        stepper.step(0.03, hyperparams)
+        plain.step()
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-7)
+    unclipped = StepHyperparams(grad_clip=0.0)  # 0 measures the norm without clipping (Tinker's grad_clip_norm=0)
+    _grads(model, 9)
+    norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
+    assert stepper.step(0.03, unclipped)["grad_norm"] == norm > 0.05
