@@ -7,18 +7,15 @@ rollout engine (the rollout backend loads it a bounded bucket at a time).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Optional
 
-from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.roles.actor import Actor, reference_is_base_model
 from rlflow.roles.engine_role import build_initialized_engine
 from rlflow.roles.reference import REF_MESH, ref_log_probs
-from rlflow.roles.rollout_worker import ROLLOUT_MESH, RolloutMethods
-from rlflow.rollout import build_rollout, syncs_adapters
-from rlflow.rollout.weight_sync import MiB
+from rlflow.roles.rollout_worker import ROLLOUT_MESH, RolloutMethods, sync_engine_into_rollout
+from rlflow.rollout import build_rollout
 from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
 
 
@@ -48,10 +45,4 @@ class ActorRolloutRef(RolloutMethods, Actor):
         """Copy the actor's current weights, in the rollout's dtype, into this rank's rollout engine
         (collective export: every rank's export yields the complete model); with
         ``rollout.lora_sync=adapter``, the actor's LoRA adapters alone."""
-        start = time.perf_counter()
-        dtype = resolve_dtype(self.config.dtype)
-        if syncs_adapters(self.config):
-            loaded = self.rollout.update_lora_adapter(self.engine.lora_adapter_config(), self.engine.export_lora_adapter(dtype))
-        else:
-            loaded = self.rollout.update_weights(self.engine.export_hf_weights(dtype=dtype))
-        return {"timing_s/weight_sync": time.perf_counter() - start, "weight_sync/mb": loaded / MiB}
+        return sync_engine_into_rollout(self.engine, self.rollout, self.config)

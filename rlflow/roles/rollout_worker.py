@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlflow.engines import BaseEngine
+from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
-from rlflow.rollout import build_rollout, stream_published_weights
+from rlflow.rollout import BaseRollout, build_rollout, stream_published_weights, syncs_adapters
 from rlflow.rollout.balance import DP_BALANCED_TOKENS
 from rlflow.rollout.weight_sync import MiB
 from rlflow.workers import ONE_TO_ALL, Worker, register
@@ -22,12 +24,26 @@ from rlflow.workers import ONE_TO_ALL, Worker, register
 ROLLOUT_MESH = "rollout"
 
 
+def sync_engine_into_rollout(engine: BaseEngine, rollout: BaseRollout, rollout_config: Any) -> dict[str, float]:
+    """Copy a training engine's current weights, in the rollout's dtype, into a rollout engine of the same
+    process (a collective export: every rank's export yields the complete model); with
+    ``rollout.lora_sync=adapter``, the engine's LoRA adapters alone. Returns the sync's timing and size."""
+    start = time.perf_counter()
+    dtype = resolve_dtype(rollout_config.dtype)
+    if syncs_adapters(rollout_config):
+        loaded = rollout.update_lora_adapter(engine.lora_adapter_config(), engine.export_lora_adapter(dtype))
+    else:
+        loaded = rollout.update_weights(engine.export_hf_weights(dtype=dtype))
+    return {"timing_s/weight_sync": time.perf_counter() - start, "weight_sync/mb": loaded / MiB}
+
+
 class RolloutMethods:
     """The controller-facing rollout methods, for any worker that sets ``self.rollout`` (a
     ``BaseRollout``) and ``self.config`` (its ``RolloutConfig``) and registers the ``rollout`` mesh.
 
     ``prompts.meta_info["validate"] = True`` selects ``config.val_kwargs`` sampling instead of
-    the training keys; ``meta_info["global_step"]`` enters the sampling seeds.
+    the training keys, and ``meta_info["sampling"]`` (a dict of ``SamplingConfig`` keys, plus
+    ``stop_token_ids``) sets this request's own; ``meta_info["global_step"]`` enters the sampling seeds.
     """
 
     rollout: Any
@@ -41,8 +57,9 @@ class RolloutMethods:
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Generate this replica's share; per-replica timing goes to ``meta_info["metrics"]``."""
         validate = bool(prompts.meta_info.get("validate", False))
+        sampling = prompts.meta_info.get("sampling", self.config.val_kwargs if validate else None)
         start = time.perf_counter()
-        output = self.rollout.generate(prompts, self.config.val_kwargs if validate else None)
+        output = self.rollout.generate(prompts, sampling)
         output.meta_info["metrics"] = {
             "timing_s/generate": time.perf_counter() - start,
             "rollout/generated_tokens": float(output.batch["response_mask"].sum()),

@@ -78,9 +78,13 @@ class BaseRollout(ABC):
         if params.seed is not None:
             seed_key = (int(params.seed), int(prompts.meta_info.get("global_step", 0)), self.replica_rank)
         responses, log_probs = self._sample(tokens, params, seed_key)
-        end = ResponseEnd(self.eos_ids, params.stop, self.tokenizer)
+        end = ResponseEnd(self.end_token_ids(params), params.stop, self.tokenizer)
         responses, log_probs = cut_responses(responses, log_probs, end)
         return build_rollout_output(prompts, tokens, responses, log_probs, params, self.pad_token_id)
+
+    def end_token_ids(self, sampling: Sampling) -> frozenset[int]:
+        """The tokens that end a response: the model's EOS tokens and ``sampling.stop_token_ids``."""
+        return self.eos_ids | frozenset(sampling.stop_token_ids)
 
     @abstractmethod
     def _sample(

@@ -58,7 +58,7 @@ class HFRollout(BaseRollout):
         return GenerationConfig(
             max_new_tokens=sampling.max_new_tokens,
             do_sample=not sampling.greedy,
-            eos_token_id=sorted(self.eos_ids),
+            eos_token_id=sorted(self.end_token_ids(sampling)),
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
             output_scores=processed,
@@ -92,7 +92,7 @@ class HFRollout(BaseRollout):
             attention_mask[i, width - len(prompt) :] = 1
         stopping = None
         if sampling.stop:
-            end = ResponseEnd(self.eos_ids, sampling.stop, self.tokenizer)
+            end = ResponseEnd(self.end_token_ids(sampling), sampling.stop, self.tokenizer)
             stopping = StoppingCriteriaList([_StopAtResponseEnd(end, width)])
         rng_devices = [] if self.device.type == "cpu" else [self.device]
         with torch.no_grad(), torch.random.fork_rng(devices=rng_devices, enabled=seed is not None):

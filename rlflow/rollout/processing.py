@@ -104,13 +104,13 @@ class ResponseEnd:
     does): the response ends at the first token whose decoded prefix contains a stop string.
     """
 
-    eos_ids: frozenset[int]
+    end_ids: frozenset[int]  # EOS tokens and any stop token ids
     stop: tuple[str, ...]
     tokenizer: object
 
     def end(self, response: Sequence[int]) -> int | None:
         """Tokens up to and including the end token, or None if ``response`` has not ended."""
-        eos = next((i + 1 for i, token in enumerate(response) if token in self.eos_ids), None)
+        eos = next((i + 1 for i, token in enumerate(response) if token in self.end_ids), None)
         limit = len(response) if eos is None else eos
         if self.stop and self._has_stop(response[:limit]):
             return next(k for k in range(1, limit + 1) if self._has_stop(response[:k]))

@@ -30,6 +30,7 @@ class Sampling:
     max_new_tokens: int
     stop: tuple[str, ...]
     seed: Optional[int]  # None: unseeded
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end a response, besides the model's EOS tokens
 
 
 def _get(source: Any, key: str, default: Any) -> Any:
@@ -56,6 +57,7 @@ def resolve_sampling(source: Any, default_max_new_tokens: int) -> Sampling:
         max_new_tokens=int(max_new_tokens),
         stop=tuple(_get(source, "stop", ()) or ()),
         seed=_get(source, "seed", None),
+        stop_token_ids=tuple(int(token) for token in _get(source, "stop_token_ids", ()) or ()),
     )
     _check(sampling)
     return sampling

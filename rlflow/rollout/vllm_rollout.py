@@ -129,7 +129,7 @@ class VLLMRollout(BaseRollout):
                         top_p=sampling.top_p,
                         top_k=sampling.top_k,
                         stop=list(sampling.stop) or None,
-                        stop_token_ids=sorted(self.eos_ids),
+                        stop_token_ids=sorted(self.end_token_ids(sampling)),
                         seed=None if seed_key is None else request_seed(*seed_key, row, sample),
                         logprobs=0,
                         detokenize=bool(sampling.stop),

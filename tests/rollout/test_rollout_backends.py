@@ -80,6 +80,15 @@ def test_stop_string_ends_response_mask_at_the_completing_token(rollout, tokeniz
     assert out.batch["responses"][0, : k + 1].tolist() == free[row][: k + 1]
 
 
+def test_stop_token_id_ends_response_mask_at_that_token(rollout, tokenizer):
+    prompts = make_prompts(tokenizer)
+    free = rollout.generate(prompts, GREEDY).batch["responses"][0].tolist()
+    k = next(i for i in range(1, len(free)) if free[i] not in free[:i])  # its first position: where the stop must end it
+    out = rollout.generate(prompts[0:1], {"n": 1, "do_sample": False, "stop_token_ids": [free[k]]})
+    assert out.batch["response_mask"][0].tolist() == [1] * (k + 1) + [0] * (len(free) - k - 1)
+    assert out.batch["responses"][0, : k + 1].tolist() == free[: k + 1]
+
+
 def test_n_samples_stay_grouped_with_their_uid(rollout, tokenizer):
     prompts = make_prompts(tokenizer, ground_truth=["x", "y", "z"])
     out = rollout.generate(prompts, SamplingConfig(n=3, temperature=1.0, seed=5))
