@@ -218,12 +218,9 @@ class TimeoutsConfig:
 
 
 @dataclass
-class RunConfig:
-    """Run-level settings every entry point shares: names, trackers, cluster shape, loop length, checkpoints."""
+class ClusterConfig:
+    """Where an entry point's worker groups run, what every process imports, and how long a worker call may take."""
 
-    project_name: str = "rlflow"
-    experiment_name: str = "run"
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     device: str = "auto"  # auto | cpu | cuda
     nnodes: int = 1
     n_procs_per_node: int = 1
@@ -232,6 +229,19 @@ class RunConfig:
     ray_num_cpus: Optional[float] = None
     ray_temp_dir: Optional[str] = None  # local Ray's session folder (short path); null: Ray's default
     ray_node_ip_address: Optional[str] = "127.0.0.1"  # local Ray listens here only; a real IP/null: other machines may join
+    allow_slow_half_precision: bool = False  # run bf16/fp16 compute on a CPU without native instructions for it (docs/platform.md)
+    plugins: list[str] = field(default_factory=list)  # modules / .py files every process imports first (docs/config.md)
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    external_lib: Any = None  # verl's spelling: a module or file, or a list; merged into `plugins` at start-up
+
+
+@dataclass
+class RunConfig(ClusterConfig):
+    """Run-level settings every trainer shares: the cluster's, plus names, trackers, loop length, checkpoints."""
+
+    project_name: str = "rlflow"
+    experiment_name: str = "run"
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     total_epochs: int = 1
     total_training_steps: Optional[int] = None  # overrides total_epochs
     test_freq: int = -1
@@ -242,12 +252,8 @@ class RunConfig:
     resume_from_path: Optional[str] = None
     max_ckpt_to_keep: Optional[int] = None
     max_consecutive_skipped_steps: int = 5  # abort after this many non-finite-gradient steps in a row; 0: never
-    allow_slow_half_precision: bool = False  # run bf16/fp16 compute on a CPU without native instructions for it (docs/platform.md)
     export_hf_dir: Optional[str] = None  # null: <default_local_dir>/hf
     export_lora_adapter_dir: Optional[str] = None  # with LoRA: also write the adapters as a peft folder here; null: don't
-    plugins: list[str] = field(default_factory=list)  # modules / .py files every process imports first (docs/config.md)
-    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
-    external_lib: Any = None  # verl's spelling: a module or file, or a list; merged into `plugins` at start-up
 
 
 @dataclass

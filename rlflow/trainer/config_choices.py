@@ -104,6 +104,17 @@ def run_choices() -> list[Choice]:
     ]
 
 
+def rollout_choices() -> list[Choice]:
+    """The choice keys of the ``rollout`` node (``main_ppo``, the Tinker service)."""
+    return [
+        Choice("rollout.name", ROLLOUT_REGISTRY),
+        Choice("rollout.logprobs_mode", LOGPROBS_MODES),
+        Choice("rollout.prompt_overflow", PROMPT_OVERFLOW_POLICIES),
+        Choice("rollout.dtype", DTYPES),
+        Choice("rollout.lora_sync", LORA_SYNC_MODES),
+    ]
+
+
 def ppo_choices(engine_mounts: Iterable[str]) -> list[Choice]:
     """Every choice key of ``main_ppo``'s config."""
     return [
@@ -115,11 +126,7 @@ def ppo_choices(engine_mounts: Iterable[str]) -> list[Choice]:
         Choice("actor.kl_loss_type", KL_ESTIMATOR_REGISTRY, _kl_base),
         Choice("actor.policy_loss.loss_mode", POLICY_LOSS_REGISTRY),
         Choice("actor.recompute_old_log_probs", RECOMPUTE_MODES),
-        Choice("rollout.name", ROLLOUT_REGISTRY),
-        Choice("rollout.logprobs_mode", LOGPROBS_MODES),
-        Choice("rollout.prompt_overflow", PROMPT_OVERFLOW_POLICIES),
-        Choice("rollout.dtype", DTYPES),
-        Choice("rollout.lora_sync", LORA_SYNC_MODES),
+        *rollout_choices(),
         Choice("algorithm.adv_estimator", ADV_ESTIMATOR_REGISTRY),
         Choice("algorithm.kl_penalty", KL_ESTIMATOR_REGISTRY, _kl_base),
         Choice("algorithm.kl_ctrl.type", KL_CONTROLLER_REGISTRY),

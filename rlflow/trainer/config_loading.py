@@ -78,9 +78,10 @@ def import_configured_plugins(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def _load(cfg: DictConfig, schema: type, engine_mounts: tuple[str, ...], choices: Callable[[tuple[str, ...]], list[Choice]],
-          dtype_keys: Callable[[tuple[str, ...]], list[ComputeDtypeKey]], policy_mounts: tuple[str, ...]) -> DictConfig:
-    """Plugins first (they may register names), then keys and types, every choice value, what the policy engine
+def load_entry_config(cfg: DictConfig, schema: type, engine_mounts: tuple[str, ...],
+                      choices: Callable[[tuple[str, ...]], list[Choice]],
+                      dtype_keys: Callable[[tuple[str, ...]], list[ComputeDtypeKey]], policy_mounts: tuple[str, ...]) -> DictConfig:
+    """Validate an entry point's composed config against ``schema``: plugins first (they may register names), then keys and types, every choice value, what the policy engine
     supports, the timeouts, bf16/fp16 on CPU."""
     cfg = import_configured_plugins(cfg)
     config = validate_config(cfg, schema, {path: _engine_schema_resolver(path) for path in engine_mounts})
@@ -94,7 +95,7 @@ def _load(cfg: DictConfig, schema: type, engine_mounts: tuple[str, ...], choices
 
 def load_ppo_config(cfg: DictConfig) -> DictConfig:
     """Validate a composed ``ppo_trainer`` config; raises a ``UserError`` naming the bad key."""
-    config = _load(cfg, PPOConfig, PPO_ENGINE_MOUNTS, ppo_choices, ppo_dtype_keys, PPO_POLICY_MOUNTS)
+    config = load_entry_config(cfg, PPOConfig, PPO_ENGINE_MOUNTS, ppo_choices, ppo_dtype_keys, PPO_POLICY_MOUNTS)
     _check_lora_sync(config)
     return config
 
@@ -113,25 +114,27 @@ def _check_lora_sync(config: DictConfig) -> None:
 
 def load_sft_config(cfg: DictConfig) -> DictConfig:
     """Validate a composed ``sft_trainer`` config; raises a ``UserError`` naming the bad key."""
-    return _load(cfg, SFTConfig, SFT_ENGINE_MOUNTS, sft_choices, sft_dtype_keys, SFT_POLICY_MOUNTS)
+    return load_entry_config(cfg, SFTConfig, SFT_ENGINE_MOUNTS, sft_choices, sft_dtype_keys, SFT_POLICY_MOUNTS)
 
 
 def compose_ppo_config(overrides: Sequence[str]) -> DictConfig:
     """The validated config ``main_ppo`` builds from these command-line overrides, composed in-process."""
-    return load_ppo_config(_compose("ppo_trainer", overrides, PPO_GROUP_SHORTHANDS))
+    return load_ppo_config(compose_entry_config("ppo_trainer", overrides, PPO_GROUP_SHORTHANDS))
 
 
 def compose_sft_config(overrides: Sequence[str]) -> DictConfig:
     """The validated config ``main_sft`` builds from these command-line overrides, composed in-process."""
-    return load_sft_config(_compose("sft_trainer", overrides, SFT_GROUP_SHORTHANDS))
+    return load_sft_config(compose_entry_config("sft_trainer", overrides, SFT_GROUP_SHORTHANDS))
 
 
-def _compose(config_name: str, overrides: Sequence[str], shorthands: dict[str, str]) -> DictConfig:
+def compose_entry_config(config_name: str, overrides: Sequence[str], shorthands: dict[str, str],
+                         free_form_mappings: tuple[str, ...] = ()) -> DictConfig:
+    """The raw config an entry point's Hydra parse gives for these command-line overrides, composed in-process."""
     from hydra import compose, initialize_config_dir
 
-    from rlflow.trainer.entry import CONFIG_DIR, expand_group_shorthands
+    from rlflow.trainer.entry import CONFIG_DIR, add_free_form_keys, expand_group_shorthands
     from rlflow.trainer.verl_overrides import check_verl_overrides
 
     check_verl_overrides(config_name, overrides)
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name, expand_group_shorthands(list(overrides), shorthands))
+        return compose(config_name, add_free_form_keys(expand_group_shorthands(list(overrides), shorthands), free_form_mappings))

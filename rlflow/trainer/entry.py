@@ -71,12 +71,27 @@ def expand_group_shorthands(argv: list[str], group_mounts: dict[str, str]) -> li
     return expanded
 
 
+def add_free_form_keys(argv: list[str], mappings: tuple[str, ...]) -> list[str]:
+    """``++`` before each ``key=value`` under one of ``mappings`` (free-form nodes, such as the service's
+    ``service.models``), so ``service.models.tiny=/path`` adds a key instead of failing Hydra's struct check."""
+    expanded = []
+    for arg in argv:
+        key, sep, _ = arg.partition("=")
+        if sep and any(key.lstrip("+").startswith(f"{mapping}.") for mapping in mappings):
+            arg = f"++{arg.lstrip('+')}"
+        expanded.append(arg)
+    return expanded
+
+
 def run_hydra_entry(
     config_name: str,
     run: Callable[[DictConfig], None],
     group_mounts: dict[str, str] | None = None,
+    free_form_mappings: tuple[str, ...] = (),
 ) -> None:
     """Parse the command line with Hydra, then call ``run(cfg)``; ``UserError`` exits 2 with one line.
+
+    Keys under ``free_form_mappings`` may be new (``add_free_form_keys``).
 
     A key in verl's spelling stops it first, with the line naming rlflow's key (``verl_overrides``).
 
@@ -89,7 +104,8 @@ def run_hydra_entry(
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    sys.argv = [sys.argv[0], *expand_group_shorthands(sys.argv[1:], group_mounts or {})]
+    argv = add_free_form_keys(expand_group_shorthands(sys.argv[1:], group_mounts or {}), free_form_mappings)
+    sys.argv = [sys.argv[0], *argv]
 
     @hydra.main(config_path=CONFIG_DIR, config_name=config_name, version_base=None)
     def _main(cfg: DictConfig) -> None:

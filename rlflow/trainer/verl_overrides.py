@@ -56,7 +56,10 @@ def override_key(arg: str) -> str | None:
 
 
 def check_verl_overrides(entry: str, overrides: Sequence[str]) -> None:
-    """Raise ``ConfigError`` for the first override whose key is verl's name and not rlflow's."""
+    """Raise ``ConfigError`` for the first override whose key is verl's name and not rlflow's (entry points
+    without a verl counterpart, such as the Tinker service, have nothing to check)."""
+    if entry not in ENTRY_SCHEMAS:
+        return
     for arg in overrides:
         key = override_key(arg)
         if key is None or is_rlflow_key(entry, key):

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEMO_SCRIPT = REPO / "recipes" / "demo.sh"
 # The reduced demo: the full SFT warm start (the GRPO test needs a model in the 10-60% regime)
 # and fewer GRPO steps than `make demo`. docs/demo.md has the numbers behind these choices.
