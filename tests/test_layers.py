@@ -20,7 +20,7 @@ TIERS: list[list[str]] = [
     ["workers", "models", "data", "rewards", "algos"],
     ["engines", "rollout", "observability"],
     ["roles"],
-    ["trainer"],
+    ["trainer", "service"],
 ]
 ORDER = {name: index for index, name in enumerate(name for tier in TIERS for name in tier)}
 TIER = {name: tier_index for tier_index, tier in enumerate(TIERS) for name in tier}

@@ -97,7 +97,7 @@ def test_the_wheel_is_the_rlflow_that_imports_and_ships_configs_and_scripts(whee
     shipped = sorted(p.relative_to(config_dir) for p in config_dir.rglob("*.yaml"))
     in_repo = sorted(p.relative_to(REPO / "rlflow" / "configs") for p in (REPO / "rlflow" / "configs").rglob("*.yaml"))
     assert shipped == in_repo
-    assert {"rlflow-ppo", "rlflow-sft", "rlflow-eval", "rlflow-data", "rlflow-export"} <= set(probe["scripts"])  # each one's target imported
+    assert {"rlflow-ppo", "rlflow-sft", "rlflow-eval", "rlflow-data", "rlflow-export", "rlflow-service"} <= set(probe["scripts"])  # each one's target imported
     assert all((wheel_venv.venv / "bin" / name).is_file() for name in probe["scripts"])
 
 

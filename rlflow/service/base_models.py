@@ -1,0 +1,173 @@
+"""``BaseModelHost``: one Ray worker group serving every training and sampling client of one base model.
+
+A host is keyed by the base model and the LoRA shape (rank and trained parts): its engine is built
+with that shape, and every training client created with it is a set of adapters plus Adam state
+that the host keeps on disk while another client's set is in the engine. Switching clients saves
+the active one's checkpoint and loads the next (``activate``), so clients queue on one engine
+instead of each holding a model copy and a rollout engine. The rollout replica holds whichever
+sampler weights were loaded last (``_load_sampler``).
+
+Every method here blocks and runs on the host's one worker thread (``executor``), so the host's
+calls reach the worker group one at a time; ``scheduler`` (``HostScheduler``) picks the order:
+each client's requests in ``seq_id`` order, and no switch of clients while one holds gradients.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+
+from rlflow.engines.config import StepHyperparams
+from rlflow.errors import UserError
+from rlflow.protocol import DataProto
+from rlflow.service.batches import Datum, per_datum_logprobs
+from rlflow.service.catalogue import BaseModel, LoraShape
+from rlflow.service.scheduler import HostScheduler
+from rlflow.service.model_worker import BaseModelWorker
+from rlflow.trainer.timeouts import group_timeouts
+from rlflow.utils.logging import get_logger
+from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
+
+logger = get_logger(__name__)
+INITIAL_STATE = "initial_adapters"  # the adapters and optimizer of a new training client, saved at start-up
+
+
+@dataclass
+class TrainingModel:
+    """A training client's adapters: where their checkpoint lives while another client is active."""
+
+    model_id: str
+    base_model: str
+    shape: LoraShape
+    state_dir: Path
+    saved: bool = False  # False: never left the engine (a new client starts from INITIAL_STATE)
+    gradients_dropped: bool = False  # its accumulated gradients were dropped (held too long while others waited)
+
+
+class GradientsDroppedError(UserError, RuntimeError):
+    """A client's accumulated gradients were dropped before its ``optim_step`` (``HostScheduler``)."""
+
+
+class HostDeadError(RuntimeError):
+    """The host's workers died or hung; its clients' in-engine state is gone."""
+
+
+class BaseModelHost:
+    """A worker group (engine + rollout replica per rank) for one base model and LoRA shape."""
+
+    def __init__(self, base: BaseModel, shape: LoraShape, config: Any, work_dir: Path, hold_s: float) -> None:
+        self.base = base
+        self.name = base.name
+        self.shape = shape
+        self.label = f"{base.name}-r{shape.rank}-{'-'.join(shape.parts)}"  # the worker group's and thread's name
+        self.config = config
+        self.work_dir = work_dir
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"host-{self.label}")
+        self.scheduler = HostScheduler(self.executor, self.drop_gradients, hold_s)
+        self.group: Optional[RayWorkerGroup] = None
+        self.dead: Optional[str] = None
+        self.active: Optional[TrainingModel] = None
+        self.sampler: Optional[tuple[str, Optional[str]]] = None  # what the rollout holds: ("base"|"adapters", folder)
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle (worker thread)
+    def start(self) -> None:
+        """Start the worker group and save the new-client state; idempotent."""
+        with self._lock:
+            if self.group is not None:
+                return
+            service = self.config.service
+            trainer = self.config.trainer
+            pool = ResourcePool(procs_per_node=trainer.n_procs_per_node, nnodes=trainer.nnodes,
+                                cpus_per_proc=trainer.cpus_per_proc, device=trainer.device, name=f"service-{self.label}")
+            engine = OmegaConf.to_container(self.config.engine, resolve=True)
+            engine["lora"] = {**engine.get("lora", {}), "rank": self.shape.rank, "parts": list(self.shape.parts),
+                              "alpha": float(service.lora_alpha), "target_modules": ["all-linear"]}
+            spec = WorkerSpec(BaseModelWorker, engine, self.config.rollout, str(self.base.path))
+            self.group = RayWorkerGroup(pool, spec, name=f"service-{self.label}", timeouts=group_timeouts(trainer.timeouts))
+            self._role.save_checkpoint(str(self.work_dir / INITIAL_STATE))
+            logger.info("base model %s: worker group up (LoRA rank %d, %s)", self.name, self.shape.rank, "+".join(self.shape.parts))
+
+    def shutdown(self, reason: Optional[str] = None) -> None:
+        """Stop the worker group; with ``reason``, the host refuses every later call with it."""
+        self.dead = self.dead or reason
+        if self.group is not None:
+            self.group.shutdown()
+            self.group = None
+
+    @property
+    def _role(self) -> RoleHandle:
+        if self.dead is not None:
+            raise HostDeadError(f"the workers of base model {self.name!r} are gone ({self.dead}); create a new training client")
+        if self.group is None:
+            raise HostDeadError(f"the workers of base model {self.name!r} are not started")
+        return self.group.role("main")
+
+    # ------------------------------------------------------------------ training clients (worker thread)
+    def activate(self, model: TrainingModel) -> None:
+        """Put ``model``'s adapters and optimizer state in the engine (saving the active client's first)."""
+        if self.active is model:
+            return
+        if self.active is not None:
+            self._role.save_checkpoint(str(self.active.state_dir))
+            self.active.saved = True
+        source = model.state_dir if model.saved else self.work_dir / INITIAL_STATE
+        self._role.load_checkpoint(str(source))
+        self.active = model
+
+    def forward_backward(self, model: TrainingModel, batch: DataProto, data: list[Datum]) -> tuple[list[list[float]], dict]:
+        """Run ``batch`` (``training_batch`` of ``data``, its loss in ``meta_info``): per-datum target log-probs
+        and ``{"loss:sum": ...}``; gradients accumulate unless ``meta_info["forward_only"]``."""
+        self.activate(model)
+        output = self._role.forward_backward(batch)
+        return per_datum_logprobs(output.batch["log_probs"], data), output.meta_info.get("metrics", {})
+
+    def optim_step(self, model: TrainingModel, lr: float, hyperparams: StepHyperparams) -> dict[str, float]:
+        """One AdamW step of ``model``'s adapters (refused once after its gradients were dropped)."""
+        if model.gradients_dropped:
+            model.gradients_dropped = False
+            raise GradientsDroppedError(
+                f"model {model.model_id}: its gradients were dropped after service.gradient_hold_s without a request "
+                "while other clients waited; this step is refused, run forward_backward again")
+        self.activate(model)
+        metrics = self._role.optim_step(lr, hyperparams)[0]
+        return {key: float(value) for key, value in metrics.items()}
+
+    def drop_gradients(self, model_id: str) -> None:
+        """Zero the active client's accumulated gradients (it held them too long) and mark it."""
+        if self.active is not None and self.active.model_id == model_id:
+            self._role.zero_grad()
+            self.active.gradients_dropped = True
+            logger.warning("model %s held gradients too long while other clients waited: dropped them", model_id)
+
+    def save_state(self, model: TrainingModel, folder: Path) -> None:
+        """Write ``model``'s resumable state (adapters, Adam moments, step counters) to ``folder``."""
+        self.activate(model)
+        self._role.save_checkpoint(str(folder))
+
+    def load_state(self, model: TrainingModel, folder: Path) -> None:
+        """Replace ``model``'s state with the one saved in ``folder`` (same base model and LoRA shape)."""
+        self.activate(model)
+        self._role.load_checkpoint(str(folder))
+
+    def save_sampler(self, model: TrainingModel, folder: Path) -> None:
+        """Write ``model``'s adapters as a peft folder and load them, merged, into the rollout replicas."""
+        self.activate(model)
+        self._role.save_lora_adapter(str(folder))
+        self._role.sync_sampler()
+        self.sampler = ("adapters", str(folder))
+
+    def sample(self, adapter_folder: Optional[str], prompts: DataProto) -> DataProto:
+        """Generate for ``prompts`` (``meta_info["sampling"]`` set) with the base model plus the saved
+        adapters in ``adapter_folder`` (None: the base model alone)."""
+        wanted = ("base", None) if adapter_folder is None else ("adapters", adapter_folder)
+        if self.sampler != wanted:
+            self.sampler = None  # a failed load leaves the replicas holding no known weights
+            self._role.load_sampler(adapter_folder)
+            self.sampler = wanted
+        return self._role.generate_sequences(prompts)

@@ -1,0 +1,80 @@
+"""Tinker data as engine batches, and the engine's per-token outputs as Tinker's per-datum results.
+
+A ``Datum`` of N positions (``model_input`` tokens ``x``, ``target_tokens`` ``y``, position ``i``
+predicting ``y[i]``) becomes the engine row ``x + [y[-1]]`` (N + 1 tokens, right-padded): the
+engine scores token ``t`` given the tokens before it, so column ``t + 1`` scores ``y[t]`` exactly
+when the targets are the inputs shifted by one (``y[:-1] == x[1:]``), which is how every Tinker
+datum for a causal LM is built. A datum whose targets are not that shift is refused: the engine
+computes the log-probs of the sequence it runs, not of arbitrary tokens.
+
+Each per-position ``loss_fn_input`` moves to the same columns (``losses.INPUT_COLUMNS``), and
+``loss_mask`` marks columns ``1..N``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlflow.protocol import DataProto
+from rlflow.service.losses import INPUT_COLUMNS, LossInputError, loss_inputs
+
+
+@dataclass
+class Datum:
+    """One training sequence as the service received it: its tokens and per-position loss inputs."""
+
+    tokens: list[int]
+    loss_fn_inputs: dict[str, list[float]] = field(default_factory=dict)
+
+
+class SequenceTooLongError(LossInputError):
+    """A datum is longer than the model's context (``service.max_seq_len``)."""
+
+
+def _check(index: int, datum: Datum, needed: tuple[str, ...], max_len: int) -> None:
+    n = len(datum.tokens)
+    if n == 0:
+        raise LossInputError(f"datum {index}: model_input is empty")
+    if n + 1 > max_len:
+        raise SequenceTooLongError(f"datum {index}: {n} positions + 1 target exceed the model's context of {max_len} tokens")
+    for name in ("target_tokens", *needed):
+        values = datum.loss_fn_inputs.get(name)
+        if values is None:
+            raise LossInputError(f"datum {index}: loss_fn_inputs lacks {name!r} (this loss needs target_tokens, {', '.join(needed)})")
+        if len(values) != n:
+            raise LossInputError(f"datum {index}: loss_fn_inputs[{name!r}] has {len(values)} values for {n} positions")
+    targets = [int(t) for t in datum.loss_fn_inputs["target_tokens"]]
+    if targets[:-1] != [int(t) for t in datum.tokens[1:]]:
+        raise LossInputError(f"datum {index}: target_tokens must be model_input shifted by one (next-token targets)")
+
+
+def training_batch(data: list[Datum], loss_fn: str | None, pad_token_id: int, max_len: int) -> DataProto:
+    """The engine batch of ``data`` for loss ``loss_fn`` (None: a forward without a loss, targets only)."""
+    if not data:
+        raise LossInputError("the request holds no data")
+    needed = () if loss_fn is None else loss_inputs(loss_fn)
+    for index, datum in enumerate(data):
+        _check(index, datum, needed, max_len)
+    width = max(len(datum.tokens) for datum in data) + 1
+    rows = len(data)
+    input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((rows, width), dtype=torch.long)
+    columns = {column: torch.zeros((rows, width), dtype=torch.float32) for column in INPUT_COLUMNS.values()}
+    for row, datum in enumerate(data):
+        n = len(datum.tokens)
+        input_ids[row, : n + 1] = torch.tensor([*datum.tokens, int(datum.loss_fn_inputs["target_tokens"][-1])])
+        attention_mask[row, : n + 1] = 1
+        columns["target_weights"][row, 1 : n + 1] = 1.0  # cross_entropy without weights: every target counts
+        for name, column in INPUT_COLUMNS.items():
+            if name in datum.loss_fn_inputs:
+                columns[column][row, 1 : n + 1] = torch.tensor(datum.loss_fn_inputs[name], dtype=torch.float32)
+    loss_mask = attention_mask.clone()
+    loss_mask[:, 0] = 0
+    return DataProto.from_dict({"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, **columns})
+
+
+def per_datum_logprobs(log_probs: torch.Tensor, data: list[Datum]) -> list[list[float]]:
+    """The log-prob of each datum's targets (N values per datum) from the engine's ``[B, T]`` output."""
+    return [log_probs[row, 1 : len(datum.tokens) + 1].tolist() for row, datum in enumerate(data)]

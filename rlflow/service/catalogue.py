@@ -1,0 +1,131 @@
+"""What the service serves and where it keeps things: the base models, and ``tinker://`` paths as folders.
+
+Base models are the local HF folders of ``service.models`` (name -> folder). A client names one by
+its name or by its folder's path (``tinker-cookbook`` sends the path it loads the tokenizer from).
+
+Everything the service writes lives under ``service.checkpoint_dir``, one folder per training
+client (``<session>_train_<n>``, the client's model id with ``:`` replaced), holding ``model.json``
+(its base model and LoRA shape), ``weights/<name>`` (``save_state``: engine checkpoints) and
+``sampler_weights/<name>`` (``save_weights_for_sampler``: peft adapter folders). A Tinker path
+``tinker://<model id>/<weights|sampler_weights>/<name>`` names such a folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from rlflow.errors import UserError
+from rlflow.models.hf_checkpoint import require_model_folder
+from rlflow.models.loading import load_tokenizer
+from rlflow.rollout.processing import eos_token_ids
+
+SCHEME = "tinker://"
+KINDS = ("weights", "sampler_weights")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MODEL_RECORD = "model.json"
+
+
+class UnknownModelError(UserError, KeyError):
+    """A request names a base model, training client or path the service does not have."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; this is a sentence
+        return str(self.args[0])
+
+
+class BadPathError(UserError, ValueError):
+    """A checkpoint name or ``tinker://`` path is malformed."""
+
+
+@dataclass(frozen=True)
+class LoraShape:
+    """The adapters of a training client: their rank and the parts they train (attention, mlp, unembedding)."""
+
+    rank: int
+    parts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """One served base model: its name, folder and the token facts the server needs."""
+
+    name: str
+    path: Path
+    pad_token_id: int
+    end_token_ids: frozenset[int]
+
+
+def load_base_models(models: Mapping[str, Any]) -> dict[str, BaseModel]:
+    """``service.models`` as ``BaseModel``s (folders and tokenizers checked; FileNotFoundError names a bad one)."""
+    catalogue = {}
+    for name, folder in models.items():
+        path = require_model_folder(str(folder)).resolve()
+        tokenizer = load_tokenizer(path)
+        catalogue[str(name)] = BaseModel(str(name), path, int(tokenizer.pad_token_id), eos_token_ids(path, tokenizer))
+    return catalogue
+
+
+def find_base_model(catalogue: dict[str, BaseModel], requested: str) -> BaseModel:
+    """The base model ``requested`` names, by name or by its folder's path."""
+    if requested in catalogue:
+        return catalogue[requested]
+    for model in catalogue.values():
+        if Path(requested).expanduser().resolve() == model.path:
+            return model
+    raise UnknownModelError(f"base model {requested!r} is not served; serve it with service.models.<name>=<HF folder> "
+                            f"(served: {sorted(catalogue)})")
+
+
+def check_name(name: str) -> str:
+    """A checkpoint name: letters, digits, ``.``, ``_``, ``-`` (no path separators)."""
+    if not _NAME.match(name or ""):
+        raise BadPathError(f"checkpoint name {name!r} must be letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return name
+
+
+class CheckpointFolders:
+    """Maps training clients and ``tinker://`` paths to folders under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def model_dir(self, model_id: str) -> Path:
+        return self.root / model_id.replace(":", "_")
+
+    def path(self, model_id: str, kind: str, name: str) -> str:
+        """The ``tinker://`` path of checkpoint ``name`` of ``kind`` (weights | sampler_weights)."""
+        return f"{SCHEME}{model_id}/{kind}/{check_name(name)}"
+
+    def folder(self, model_id: str, kind: str, name: str) -> Path:
+        return self.model_dir(model_id) / kind / check_name(name)
+
+    def resolve(self, path: str, kind: str) -> tuple[str, Path]:
+        """``(model id, folder)`` of a ``tinker://<model id>/<kind>/<name>`` path; the folder must exist."""
+        parts = path.removeprefix(SCHEME).split("/") if path.startswith(SCHEME) else []
+        if len(parts) != 3 or parts[1] not in KINDS:
+            raise BadPathError(f"{path!r} is not a tinker://<model id>/<weights|sampler_weights>/<name> path")
+        model_id, found_kind, name = parts
+        if found_kind != kind:
+            raise BadPathError(f"{path!r} holds {found_kind}, and this request needs {kind}")
+        folder = self.folder(model_id, kind, name)
+        if not folder.is_dir():
+            raise UnknownModelError(f"{path!r} does not exist on this server")
+        return model_id, folder
+
+    def write_record(self, model_id: str, base_model: str, shape: LoraShape) -> None:
+        """Record a training client's base model and LoRA shape (read back to load its checkpoints)."""
+        folder = self.model_dir(model_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        record = {"model_id": model_id, "base_model": base_model, "rank": shape.rank, "parts": list(shape.parts)}
+        (folder / MODEL_RECORD).write_text(json.dumps(record))
+
+    def read_record(self, model_id: str) -> tuple[str, LoraShape]:
+        """``(base model name, LoRA shape)`` of a training client this server created."""
+        file = self.model_dir(model_id) / MODEL_RECORD
+        if not file.is_file():
+            raise UnknownModelError(f"training client {model_id!r} was not created on this server")
+        record = json.loads(file.read_text())
+        return record["base_model"], LoraShape(int(record["rank"]), tuple(record["parts"]))

@@ -1,0 +1,94 @@
+"""The Tinker service's config: its schema, and its validation before Ray starts.
+
+``rlflow/configs/service.yaml`` is merged into ``ServiceAppConfig``, the ``engine`` node into the
+chosen engine's own config class, exactly as the trainers do (``load_entry_config``). Then the
+service's own checks: at least one API key, each in the SDK's ``tml-`` form, at least one base
+model, and an engine that trains LoRA adapters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from omegaconf import DictConfig
+
+from rlflow.config import ConfigError
+from rlflow.config.schema import ClusterConfig, RolloutConfig
+from rlflow.engines.base import Capability
+from rlflow.engines.registry import EngineRegistry
+from rlflow.trainer.config_choices import Choice, engine_choices, rollout_choices
+from rlflow.trainer.config_loading import compose_entry_config, load_entry_config
+from rlflow.trainer.dtype_guard import ppo_dtype_keys
+from rlflow.utils.device import DEVICES
+
+ENGINE_MOUNTS = ("engine",)
+GROUP_SHORTHANDS = {"engine": "engine"}  # engine=fsdp picks rlflow/configs/engine/fsdp.yaml
+FREE_FORM_MAPPINGS = ("service.models",)  # service.models.NAME=/folder adds a base model
+API_KEY_PREFIX = "tml-"  # the SDK refuses any other key before it sends a request
+
+
+@dataclass
+class ServiceSection:
+    """``service.*``: where it listens, who may call it, what it serves, and its limits."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: list[str] = field(default_factory=list)
+    models: dict[str, str] = field(default_factory=dict)  # base model name -> local HF folder
+    checkpoint_dir: str = "outputs/service"
+    max_seq_len: int = 512
+    max_hosts: int = 2
+    lora_alpha: float = 32.0
+    seq_gap_wait_s: float = 10.0
+    gradient_hold_s: float = 60.0
+    poll_wait_s: float = 25.0
+    keep_result_s: float = 300.0
+    expire_result_s: float = 3600.0
+
+
+@dataclass
+class ServiceAppConfig:
+    """The whole ``python -m rlflow.service`` config (rlflow/configs/service.yaml)."""
+
+    service: ServiceSection = field(default_factory=ServiceSection)
+    engine: Any = None
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: ClusterConfig = field(default_factory=ClusterConfig)  # where the worker groups run
+
+
+def service_choices(engine_mounts: Iterable[str]) -> list[Choice]:
+    """Every choice key of the service's config."""
+    return [Choice("trainer.device", DEVICES), *rollout_choices(),
+            *(choice for mount in engine_mounts for choice in engine_choices(mount))]
+
+
+def _check_service(config: DictConfig) -> None:
+    service = config.service
+    if not service.api_keys:
+        raise ConfigError("config key 'service.api_keys': set at least one key, e.g. service.api_keys=[tml-mykey]")
+    bad = [key for key in service.api_keys if not str(key).startswith(API_KEY_PREFIX)]
+    if bad:
+        raise ConfigError(f"config key 'service.api_keys': keys must start with {API_KEY_PREFIX!r} (the tinker SDK "
+                          f"sends no other), got {len(bad)} that do not")
+    if not service.models:
+        raise ConfigError("config key 'service.models': name at least one base model, e.g. service.models.tiny=/path/to/hf")
+    if service.max_hosts < 1 or service.max_seq_len < 2:
+        raise ConfigError("config keys 'service.max_hosts' and 'service.max_seq_len' must be >= 1 and >= 2")
+    name = str(config.engine.name)
+    if Capability.LORA not in EngineRegistry.get(name, config_key="engine.name").capabilities:
+        lora_engines = [engine for engine in EngineRegistry.names() if Capability.LORA in EngineRegistry.get(engine).capabilities]
+        raise ConfigError(f"config key 'engine.name': the service trains LoRA adapters and engine {name!r} has none; "
+                          f"use one of {lora_engines}")
+
+
+def load_service_config(cfg: DictConfig) -> DictConfig:
+    """Validate a composed ``service`` config; raises a ``UserError`` naming the bad key."""
+    config = load_entry_config(cfg, ServiceAppConfig, ENGINE_MOUNTS, service_choices, ppo_dtype_keys, ())
+    _check_service(config)
+    return config
+
+
+def compose_service_config(overrides: Sequence[str]) -> DictConfig:
+    """The validated config ``python -m rlflow.service`` builds from these command-line overrides, composed in-process."""
+    return load_service_config(compose_entry_config("service", overrides, GROUP_SHORTHANDS, FREE_FORM_MAPPINGS))

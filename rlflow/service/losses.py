@@ -1,0 +1,118 @@
+"""The Tinker API's built-in loss functions, as engine ``LossFn``s, in a registry by Tinker name.
+
+A Tinker datum is one sequence: ``model_input`` (N tokens) and per-position ``loss_fn_inputs``
+(``target_tokens``, ``weights``, the sampler's ``logprobs``, ``advantages``), where position
+``i`` predicts ``target_tokens[i]``. ``rlflow.service.batches`` lays a datum out as the engine
+sequence ``model_input + [target_tokens[-1]]`` with every per-position input moved one column
+right, so column ``t`` holds the inputs of the token that the engine's ``log_probs[:, t]`` scores.
+
+Every Tinker loss is a SUM over tokens, not a mean: the client scales with ``weights`` or
+``advantages``. Under the engine's scaling convention (``LossContext``) a micro-batch returns
+``dp_size * (its tokens' sum)``, and its ``loss:sum`` metric is that times the number of
+micro-batches, so that the engine's micro-batch mean and the controller's DP mean give back the
+global sum (``rlflow.roles.losses`` does the same for the RL metrics).
+
+Of the SDK's names, ``gspo`` and ``stable_reinforce`` are not registered (their sequence-level
+maths is not published), nor is ``custom``: the SDK's ``forward_backward_custom`` computes a custom
+loss on the client over ``forward`` and sends its gradient as ``cross_entropy`` weights, which works
+here; a server-side custom loss is never requested because the client config turns it off.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+
+from rlflow.engines import LossContext, LossFn
+from rlflow.errors import UserError
+from rlflow.protocol import DataProto
+from rlflow.utils.registry import Registry
+
+# Tinker's loss input name -> the engine batch column that holds it, one column right of the datum.
+INPUT_COLUMNS = {"weights": "target_weights", "logprobs": "sampling_logprobs", "advantages": "advantages"}
+TokenLoss = Callable[[torch.Tensor, DataProto, Mapping[str, float]], torch.Tensor]
+
+
+class LossInputError(UserError, ValueError):
+    """A datum lacks an input its loss function needs, or names an unknown loss configuration key."""
+
+
+LOSS_FUNCTIONS: Registry[TokenLoss] = Registry("loss function", "loss_fn", error=LossInputError)
+
+
+def register_loss(name: str, inputs: tuple[str, ...], config: Mapping[str, float] | None = None) -> Callable[[TokenLoss], TokenLoss]:
+    """Register ``token_loss(log_probs, micro_batch, loss_fn_config) -> per-token loss [b, T]`` as Tinker's
+    ``name``; ``inputs`` are the ``loss_fn_inputs`` it requires besides ``target_tokens``, ``config`` the
+    ``loss_fn_config`` keys it reads with their defaults."""
+    return LOSS_FUNCTIONS.register(name, inputs=inputs, config=dict(config or {}))
+
+
+def loss_inputs(name: str) -> tuple[str, ...]:
+    """The ``loss_fn_inputs`` (besides ``target_tokens``) that loss ``name`` needs."""
+    LOSS_FUNCTIONS.get(name)
+    return LOSS_FUNCTIONS.metadata(name)["inputs"]
+
+
+def loss_config(name: str, given: Mapping[str, Any] | None) -> dict[str, float]:
+    """``loss_fn_config`` for ``name``: its defaults with ``given`` on top; an unknown key is refused."""
+    defaults = LOSS_FUNCTIONS.metadata(name)["config"]
+    unknown = sorted(set(given or {}) - set(defaults))
+    if unknown:
+        raise LossInputError(f"loss_fn_config keys {unknown} are not read by {name!r} (it reads {sorted(defaults) or 'none'})")
+    return {**defaults, **{key: float(value) for key, value in (given or {}).items()}}
+
+
+def _column(micro: DataProto, name: str) -> torch.Tensor:
+    return micro.batch[INPUT_COLUMNS[name]]
+
+
+def _ratio(log_probs: torch.Tensor, micro: DataProto) -> torch.Tensor:
+    return torch.exp(log_probs - _column(micro, "logprobs"))
+
+
+@register_loss("cross_entropy", ())
+def cross_entropy(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) -> torch.Tensor:
+    """Weighted negative log-likelihood of the targets (``weights`` is optional: 1 where absent)."""
+    return -_column(micro, "weights") * log_probs
+
+
+@register_loss("importance_sampling", ("logprobs", "advantages"))
+def importance_sampling(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) -> torch.Tensor:
+    """REINFORCE corrected for the sampler: ``-(p/q) * A``."""
+    return -_ratio(log_probs, micro) * _column(micro, "advantages")
+
+
+@register_loss("ppo", ("logprobs", "advantages"), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
+def ppo(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) -> torch.Tensor:
+    """PPO's clipped surrogate, token by token: ``-min(r A, clip(r, low, high) A)``."""
+    ratio, advantages = _ratio(log_probs, micro), _column(micro, "advantages")
+    clipped = ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"])
+    return -torch.minimum(ratio * advantages, clipped * advantages)
+
+
+@register_loss("cispo", ("logprobs", "advantages"), {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0})
+def cispo(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) -> torch.Tensor:
+    """CISPO: the clipped ratio as a constant weight on the log-likelihood, ``-sg(clip(r)) * log p * A``."""
+    weight = _ratio(log_probs, micro).detach().clamp(config["clip_low_threshold"], config["clip_high_threshold"])
+    return -weight * log_probs * _column(micro, "advantages")
+
+
+@register_loss("dro", ("logprobs", "advantages"), {"beta": 0.1})
+def dro(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) -> torch.Tensor:
+    """DRO: the policy gradient with a quadratic penalty on the drift from the sampler,
+    ``-(log p * A - beta / 2 * (log p - log q)^2)``."""
+    drift = log_probs - _column(micro, "logprobs")
+    return -(log_probs * _column(micro, "advantages") - 0.5 * config["beta"] * drift.square())
+
+
+def make_loss_fn(name: str, config: Mapping[str, float]) -> LossFn:
+    """The engine ``LossFn`` of Tinker loss ``name``: the masked sum of its per-token loss (see the module doc)."""
+    token_loss = LOSS_FUNCTIONS.get(name)
+
+    def loss_fn(outputs: dict[str, torch.Tensor], micro: DataProto, ctx: LossContext) -> tuple[torch.Tensor, dict]:
+        mask = micro.batch["loss_mask"].to(outputs["log_probs"].dtype)
+        loss = ctx.dp_size * (token_loss(outputs["log_probs"], micro, config) * mask).sum()
+        return loss, {"loss:sum": float(loss.detach()) * ctx.num_micro_batches}
+
+    return loss_fn

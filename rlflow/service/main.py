@@ -1,0 +1,74 @@
+"""Service entry point: ``python -m rlflow.service service.api_keys=[tml-...] service.models.NAME=/hf/folder``.
+
+Everything a user can get wrong is checked before Ray starts: config keys and values, the base
+model folders and their tokenizers, the checkpoint folder and the port. Then Ray starts and
+uvicorn serves the app until interrupted; worker groups start when a client first needs them.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import uvicorn
+from omegaconf import DictConfig
+
+from rlflow.errors import UserError
+from rlflow.service.app import build_app
+from rlflow.service.catalogue import BaseModel, load_base_models
+from rlflow.service.config import FREE_FORM_MAPPINGS, GROUP_SHORTHANDS, load_service_config
+from rlflow.service.service import TinkerService
+from rlflow.trainer.entry import run_hydra_entry
+from rlflow.utils.logging import get_logger
+from rlflow.workers import init_ray, shutdown_ray
+
+logger = get_logger(__name__)
+
+
+def _check_port(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise UserError(f"config key 'service.port': cannot listen on {host}:{port} ({error.strerror})") from None
+
+
+def prepare(config: DictConfig) -> tuple[dict[str, BaseModel], Path]:
+    """Everything checked before Ray starts, for a validated config: the base models (folders and tokenizers),
+    the port; then the checkpoint folder is created. Returns the base models and that folder."""
+    service_config = config.service
+    try:
+        catalogue = load_base_models(service_config.models)
+    except (FileNotFoundError, ValueError) as error:
+        raise UserError(f"config key 'service.models': {error}") from None
+    _check_port(service_config.host, int(service_config.port))
+    work_dir = Path(service_config.checkpoint_dir).resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return catalogue, work_dir
+
+
+def serve(cfg: DictConfig) -> None:
+    """Validate the config, start Ray and serve until interrupted."""
+    config = load_service_config(cfg)
+    service_config = config.service
+    catalogue, work_dir = prepare(config)
+    trainer = config.trainer
+    init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir,
+             node_ip_address=trainer.ray_node_ip_address)
+    service = TinkerService(config, catalogue, work_dir)
+    try:
+        logger.info("rlflow service: serving %s at http://%s:%d", sorted(catalogue), service_config.host, service_config.port)
+        uvicorn.run(build_app(service, list(service_config.api_keys)), host=service_config.host,
+                    port=int(service_config.port), log_level="warning")
+    finally:
+        service.shutdown()
+        shutdown_ray()
+
+
+def main() -> None:
+    run_hydra_entry("service", serve, GROUP_SHORTHANDS, FREE_FORM_MAPPINGS)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""``BaseModelWorker``: one rank of a base model's LoRA training engine plus a rollout replica, for the service.
+
+The Tinker service runs one worker group per base model (``rlflow.service.base_models``). Every
+training client of that model is a set of LoRA adapters with its own Adam state; the group holds
+one of them at a time in its engine and swaps by checkpoint (``save_checkpoint`` /
+``load_checkpoint``, a few MiB for the adapters and their moments). The rollout replica on each
+rank serves the sampling clients, with whichever weights ``sync_sampler`` or ``load_sampler`` put
+there last.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from rlflow.engines.common.lora_export import merged_peft_folder
+from rlflow.engines.config import StepHyperparams
+from rlflow.models.hf_checkpoint import resolve_dtype, safetensors_weights
+from rlflow.protocol import DataProto
+from rlflow.roles.engine_role import EngineRole, forward_only
+from rlflow.roles.rollout_worker import ROLLOUT_MESH, RolloutMethods, sync_engine_into_rollout
+from rlflow.rollout import build_rollout
+from rlflow.service.losses import make_loss_fn
+from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
+
+TRAIN_MESH = "train"
+
+
+class BaseModelWorker(RolloutMethods, EngineRole):
+    """A LoRA training engine and a rollout replica of one base model, driven by the service."""
+
+    def __init__(self, engine_config: Any, rollout_config: Any, model_path: str | Path):
+        super().__init__(engine_config, model_path, TRAIN_MESH)
+        self.config = rollout_config
+        self.model_path = Path(model_path)
+        self.register_mesh(ROLLOUT_MESH, dp_rank=self.rank, dp_size=self.world_size, is_collect=True)
+        self.rollout = build_rollout(rollout_config, model_path, self.device, replica_rank=self.rank)
+
+    @register(dispatch_mode=DP_COMPUTE, mesh=TRAIN_MESH)
+    def forward_backward(self, batch: DataProto) -> DataProto:
+        """The Tinker loss ``meta_info["loss_fn"]`` (config ``meta_info["loss_fn_config"]``) on this rank's
+        share: gradients accumulate unless ``meta_info["forward_only"]``. Returns ``log_probs`` ``[B, T]``
+        (collect ranks) and ``meta_info["metrics"]`` (``loss:sum``, the global sum)."""
+        loss_name: Optional[str] = batch.meta_info.get("loss_fn")
+        if loss_name is None:  # a forward without a loss: log-probs only
+            outputs = forward_only(self.engine, batch)
+            result = DataProto() if outputs is None else outputs.select(batch_keys=["log_probs"])
+            result.meta_info["metrics"] = {}
+            return result
+        loss_fn = make_loss_fn(loss_name, batch.meta_info.get("loss_fn_config", {}))
+        if batch.meta_info.get("forward_only", False):
+            with self.engine.eval_mode(), torch.no_grad():
+                outputs, metrics = self.engine.forward_backward(batch, loss_fn, forward_only=True)
+        else:
+            with self.engine.train_mode():
+                outputs, metrics = self.engine.forward_backward(batch, loss_fn)
+        result = outputs.select(batch_keys=["log_probs"]) if self.engine.mesh.is_collect else DataProto()
+        result.meta_info["metrics"] = {"loss:sum": metrics["loss:sum"]}
+        return result
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def optim_step(self, lr: float, hyperparams: StepHyperparams) -> dict[str, Any]:
+        """One AdamW step at ``lr`` with the client's ``hyperparams``; returns the engine's step metrics."""
+        return self.engine.optim_step(lr, hyperparams)
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def zero_grad(self) -> None:
+        """Drop the accumulated gradients without stepping."""
+        self.engine.zero_grad()
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def sync_sampler(self) -> dict[str, float]:
+        """Copy the engine's current weights (base + adapters, merged) into this rank's rollout replica."""
+        return sync_engine_into_rollout(self.engine, self.rollout, self.config)
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def load_sampler(self, adapter_folder: Optional[str]) -> int:
+        """Load the base model's weights, with the peft adapter folder ``adapter_folder`` merged in (None:
+        the base model alone), into this rank's rollout replica; returns the bytes loaded."""
+        dtype = resolve_dtype(self.config.dtype)
+        weights = safetensors_weights(self.model_path)
+        if adapter_folder is not None:
+            weights = merged_peft_folder(weights, adapter_folder)
+        return self.rollout.update_weights((name, tensor.to(dtype)) for name, tensor in weights)

@@ -1,0 +1,109 @@
+"""``HostScheduler``: the order a host's jobs run in, one at a time on its thread.
+
+The training clients of a host take turns on one engine, and a turn must not end while the
+active client has gradients accumulated by ``forward_backward`` and not yet used by its
+``optim_step``: the engine's checkpoint, which swaps clients, holds weights and optimizer state,
+not gradients, and the next client's gradients would add to them. So:
+
+* each client's jobs run in the order they were submitted (its ``seq_id`` order);
+* across clients the oldest job goes first, except while a client holds gradients: then only
+  its own jobs and jobs that use the sampler alone (``owner`` None) run;
+* a holder that sends nothing for ``hold_s`` seconds while others wait loses its gradients
+  (``drop_gradients``): its next ``optim_step`` fails and says so, and the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+
+@dataclass
+class Job:
+    """One request's work on a host: whose engine state it uses (None: the sampler only), whether it
+    accumulates gradients or consumes them, what to run, and what to call with its finished task."""
+
+    owner: Optional[str]
+    run: Callable[[], Any]
+    on_done: Callable[[asyncio.Future], None]
+    accumulates: bool = False  # forward_backward: gradients stay in the engine after it
+    steps: bool = False  # optim_step: the gradients are used up
+    order: int = field(default=0)
+
+
+class HostScheduler:
+    """Picks and runs a host's jobs (on the server's event loop; the jobs themselves run on ``executor``).
+
+    ``drop_gradients(owner)`` runs on ``executor`` too, before any other job, when a holder times out."""
+
+    def __init__(self, executor: Executor, drop_gradients: Callable[[str], None], hold_s: float) -> None:
+        self.executor = executor
+        self.drop_gradients = drop_gradients
+        self.hold_s = hold_s
+        self.holder: Optional[str] = None
+        self._queues: dict[Optional[str], deque[Job]] = {}
+        self._orders = itertools.count()
+        self._running = False
+        self._hold_timer: Optional[asyncio.TimerHandle] = None
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` behind the earlier jobs of its owner."""
+        job.order = next(self._orders)
+        self._queues.setdefault(job.owner, deque()).append(job)
+        self._pump()
+
+    def _eligible(self) -> list[deque[Job]]:
+        queues = [queue for queue in self._queues.values() if queue]
+        if self.holder is None:
+            return queues
+        return [queue for queue in queues if queue[0].owner in (self.holder, None)]
+
+    def _pump(self) -> None:
+        if self._running:
+            return
+        ready = self._eligible()
+        if not ready:
+            self._arm_hold_timer()
+            return
+        job = min(ready, key=lambda queue: queue[0].order).popleft()
+        self._cancel_hold_timer()
+        if job.owner is not None and job.accumulates:
+            self.holder = job.owner
+        elif job.owner is not None and job.steps and job.owner == self.holder:
+            self.holder = None
+        self._start(job)
+
+    def _start(self, job: Job) -> None:
+        self._running = True
+        task = asyncio.get_running_loop().run_in_executor(self.executor, job.run)
+        task.add_done_callback(lambda done: self._finished(job, done))
+
+    def _finished(self, job: Job, done: asyncio.Future) -> None:
+        self._running = False
+        try:
+            job.on_done(done)
+        finally:
+            self._pump()
+
+    def _arm_hold_timer(self) -> None:
+        """A holder with nothing queued while others wait gets ``hold_s`` before it loses its gradients."""
+        waiting = any(queue for owner, queue in self._queues.items() if owner not in (self.holder, None))
+        if self.holder is None or not waiting or self._hold_timer is not None:
+            return
+        self._hold_timer = asyncio.get_running_loop().call_later(self.hold_s, self._release_holder)
+
+    def _cancel_hold_timer(self) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+
+    def _release_holder(self) -> None:
+        self._hold_timer = None
+        if self.holder is None or self._running:
+            return
+        holder, self.holder = self.holder, None
+        self._start(Job(owner=None, run=lambda: self.drop_gradients(holder), on_done=lambda done: None))

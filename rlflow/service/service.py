@@ -1,0 +1,291 @@
+"""``TinkerService``: the state behind the HTTP routes (sessions, training clients, samplers, futures).
+
+A training or sampling request is checked when it arrives (unknown model, malformed data, a
+sequence too long: ``UserError``, answered 4xx by the app) and queued on its base model's host;
+the client gets a request id at once and polls ``retrieve_future``. The host runs its queue in
+order on one thread; each job's outcome, or its error named after the request, fills the future.
+A host whose workers died or hung is shut down, and its clients' requests fail from then on
+(their saved checkpoints stay loadable by a new client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from rlflow.errors import UserError
+from rlflow.service.base_models import BaseModelHost, TrainingModel
+from rlflow.service.batches import training_batch
+from rlflow.service.catalogue import BaseModel, CheckpointFolders, LoraShape, UnknownModelError, find_base_model
+from rlflow.service.futures import FutureStore, Outcome, Payload
+from rlflow.service.scheduler import Job
+from rlflow.service.losses import loss_config
+from rlflow.service.sampling import SamplingRequest, sample_outcome
+from rlflow.service.sequencer import RequestSequencer
+from rlflow.service.wire import PROTOBUF, ForwardBackwardCall, encode_forward_backward_output
+from rlflow.utils.logging import get_logger
+from rlflow.workers import WorkerDiedError, WorkerTimeoutError
+
+logger = get_logger(__name__)
+REQUEST_LOG = "requests.jsonl"
+# Tinker's create_model flags -> rlflow's LoRA parts.
+PART_FLAGS = {"train_attn": "attention", "train_mlp": "mlp", "train_unembed": "unembedding"}
+
+
+class CapacityError(UserError, RuntimeError):
+    """The request needs another worker group and the service already runs ``service.max_hosts``."""
+
+
+class RequestLog:
+    """One JSON line per finished request: id, label, model and seq_id, when it was queued, started and finished,
+    and its error if any (the order requests ran in, and their latency)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, entry: dict[str, Any]) -> None:
+        with self.path.open("a") as log:
+            log.write(json.dumps(entry) + "\n")
+
+
+@dataclass
+class Client:
+    """A training client: its adapters on a host, and the order its requests run in."""
+
+    model: TrainingModel
+    host: BaseModelHost
+    sequencer: RequestSequencer
+    requested_base: str  # the base model as the client named it (returned by get_info)
+
+
+@dataclass
+class Sampler:
+    """A sampling session: a host and the saved adapters it samples with (None: the base model)."""
+
+    host: BaseModelHost
+    adapter_folder: Optional[str]
+    base_model: str
+    model_path: Optional[str]
+
+
+class TinkerService:
+    """The service's state; every method runs on the server's event loop."""
+
+    def __init__(self, config: Any, catalogue: dict[str, BaseModel], work_dir: Path) -> None:
+        service = config.service
+        self.config = config
+        self.catalogue = catalogue
+        self.folders = CheckpointFolders(work_dir)
+        self.futures = FutureStore(service.poll_wait_s, service.keep_result_s, service.expire_result_s)
+        self.max_seq_len = int(service.max_seq_len)
+        self.hosts: dict[tuple[str, LoraShape], BaseModelHost] = {}
+        self.clients: dict[str, Client] = {}
+        self.samplers: dict[str, Sampler] = {}
+        self._session_ids = itertools.count()
+        self.request_log = RequestLog(work_dir / REQUEST_LOG)
+
+    # ------------------------------------------------------------------ sessions
+    def create_session(self) -> str:
+        return f"s{next(self._session_ids)}-{uuid.uuid4().hex[:8]}"
+
+    # ------------------------------------------------------------------ running requests
+    def _queue(self, host: BaseModelHost, label: str, job: Callable[[], Payload], owner: Optional[str] = None,
+               seq_id: Optional[int] = None, accumulates: bool = False, steps: bool = False) -> str:
+        """Queue ``job`` on ``host`` (``owner``: the training client whose engine state it uses, None: the sampler
+        only; ``HostScheduler`` orders it). Its result, or its error naming ``label``, fills a new future, and
+        the request log gets a line when it ends."""
+        request_id = self.futures.create()
+        entry = {"request_id": request_id, "label": label, "model_id": owner, "seq_id": seq_id, "queued": time.time()}
+
+        def timed() -> Payload:
+            entry["started"] = time.time()
+            return job()
+
+        def done(task: asyncio.Future) -> None:
+            outcome = self._outcome(host, label, task)
+            self.futures.finish(request_id, outcome)
+            self.request_log.write({**entry, "finished": time.time(), "error": outcome.error})
+
+        host.scheduler.submit(Job(owner, timed, done, accumulates=accumulates, steps=steps))
+        return request_id
+
+    def _outcome(self, host: BaseModelHost, label: str, done: asyncio.Future) -> Outcome:
+        error = done.exception()
+        if error is None:
+            return Outcome(payload=done.result())
+        if isinstance(error, (WorkerDiedError, WorkerTimeoutError)):
+            host.shutdown(f"{type(error).__name__} during {label}")
+        if isinstance(error, UserError):
+            return Outcome(error=f"{label}: {error}", category="user")
+        logger.error("%s failed", label, exc_info=error)
+        return Outcome(error=f"{label} failed on the server: {type(error).__name__}: {error}", category="server")
+
+    async def retrieve(self, request_id: str) -> Optional[Outcome]:
+        """The outcome of ``request_id`` (long poll), None while it runs; ``UnknownFutureError`` if unknown."""
+        return await self.futures.retrieve(request_id)
+
+    # ------------------------------------------------------------------ training clients
+    def _host(self, base: BaseModel, shape: LoraShape) -> BaseModelHost:
+        key = (base.name, shape)
+        host = self.hosts.get(key)
+        if host is not None and host.dead is None:
+            return host
+        live = sum(h.dead is None for h in self.hosts.values())
+        if live >= int(self.config.service.max_hosts):
+            raise CapacityError(f"base model {base.name!r} with LoRA rank {shape.rank} on {'+'.join(shape.parts)} needs "
+                                f"another worker group, and service.max_hosts={self.config.service.max_hosts} are running")
+        host = BaseModelHost(base, shape, self.config, self.folders.root / "hosts" / str(len(self.hosts)),
+                             hold_s=float(self.config.service.gradient_hold_s))
+        self.hosts[key] = host
+        return host
+
+    def _lora_shape(self, base: BaseModel, lora_config: dict[str, Any]) -> LoraShape:
+        rank = int(lora_config.get("rank", 32))
+        parts = tuple(part for flag, part in PART_FLAGS.items() if lora_config.get(flag, True))
+        if rank < 1 or not parts:
+            raise UserError(f"lora_config {lora_config}: rank must be >= 1 and at least one of {sorted(PART_FLAGS)} true")
+        return LoraShape(rank, parts)
+
+    def create_model(self, body: dict[str, Any]) -> tuple[str, str]:
+        """Create a training client (``create_model``): its request id and model id."""
+        base = find_base_model(self.catalogue, str(body.get("base_model")))
+        shape = self._lora_shape(base, body.get("lora_config") or {})
+        model_id = _new_model_id(body)
+        return self._add_client(model_id, base, shape, str(body.get("base_model")), label=f"create_model {model_id}",
+                                then=None, result={"model_id": model_id, "type": "create_model"}), model_id
+
+    def create_model_from_state(self, body: dict[str, Any]) -> str:
+        """``load_weights`` without a model id: a new training client starting from a saved state."""
+        source_id, folder = self.folders.resolve(str(body.get("path")), "weights")
+        base_name, shape = self.folders.read_record(source_id)
+        base = find_base_model(self.catalogue, base_name)
+        model_id = _new_model_id(body)
+        return self._add_client(model_id, base, shape, base_name, label=f"load_weights {model_id}",
+                                then=lambda host, model: host.load_state(model, folder),
+                                result={"model_id": model_id, "path": str(body.get("path")), "type": "load_weights"})
+
+    def _add_client(self, model_id: str, base: BaseModel, shape: LoraShape, requested: str, label: str,
+                    then: Optional[Callable[[BaseModelHost, TrainingModel], None]], result: Payload) -> str:
+        """Register a training client (its requests start at seq_id 1) and queue its start: the host's workers,
+        then ``then`` (a state to load); the future's result is ``result``."""
+        if model_id in self.clients:
+            raise UserError(f"model id {model_id!r} exists already (model_seq_id reused in this session)")
+        host = self._host(base, shape)
+        model = TrainingModel(model_id, base.name, shape, self.folders.model_dir(model_id) / "active_state")
+        self.folders.write_record(model_id, base.name, shape)
+        sequencer = RequestSequencer(model_id, first_seq_id=1, gap_wait_s=float(self.config.service.seq_gap_wait_s))
+        self.clients[model_id] = Client(model, host, sequencer, requested)
+
+        def job() -> Payload:
+            host.start()
+            if then is not None:
+                then(host, model)
+            return result
+
+        return self._queue(host, label, job, owner=model_id if then is not None else None)
+
+    def client(self, model_id: str) -> Client:
+        client = self.clients.get(model_id)
+        if client is None:
+            raise UnknownModelError(f"model {model_id!r} does not exist (create it with create_lora_training_client)")
+        return client
+
+    def get_info(self, model_id: str) -> dict[str, Any]:
+        client = self.client(model_id)
+        base = self.catalogue[client.model.base_model]
+        return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": client.model.shape.rank,
+                "model_name": client.requested_base,
+                "model_data": {"arch": "causal_lm", "model_name": client.requested_base, "tokenizer_id": str(base.path)}}
+
+    async def submit(self, model_id: str, seq_id: Optional[int], label: str,
+                     prepare: Callable[[Client], Callable[[], Payload]], accumulates: bool = False, steps: bool = False) -> str:
+        """Admit a training client's request in ``seq_id`` order and queue the job ``prepare(client)`` returns
+        (``accumulates``: it leaves gradients in the engine; ``steps``: it uses them up; see ``HostScheduler``).
+
+        ``prepare`` checks the request (raising ``UserError``, answered 4xx) and returns the job; a refused
+        request still takes its turn, so the client's next one is not held up waiting for it.
+        """
+        client = self.client(model_id)
+        earlier = client.sequencer.earlier_request(seq_id)
+        if earlier is not None:
+            return earlier
+        await client.sequencer.admit(seq_id)
+        request_id = None
+        try:
+            request_id = self._queue(client.host, f"{label} (model {model_id}, seq_id {seq_id})", prepare(client),
+                                     model_id, seq_id, accumulates, steps)
+            return request_id
+        finally:
+            await client.sequencer.release(seq_id, request_id)
+
+    def forward_backward_job(self, call: ForwardBackwardCall) -> Callable[[Client], Callable[[], Payload]]:
+        def prepare(client: Client) -> Callable[[], Payload]:
+            loss_fn = call.loss_fn
+            batch = training_batch(call.data, loss_fn, self.catalogue[client.model.base_model].pad_token_id, self.max_seq_len)
+            batch.meta_info = {"loss_fn": loss_fn, "loss_fn_config": loss_config(loss_fn, call.loss_fn_config),
+                               "forward_only": call.forward_only}
+
+            def job() -> Payload:
+                logprobs, metrics = client.host.forward_backward(client.model, batch, call.data)
+                return PROTOBUF, encode_forward_backward_output(logprobs, metrics)
+
+            return job
+
+        return prepare
+
+    def sampler(self, sampling_session_id: str) -> Sampler:
+        sampler = self.samplers.get(sampling_session_id)
+        if sampler is None:
+            raise UnknownModelError(f"sampling session {sampling_session_id!r} does not exist")
+        return sampler
+
+    def create_sampling_session(self, session_id: str, seq: int, model_path: Optional[str],
+                                base_model: Optional[str]) -> str:
+        """A sampling session over the saved adapters at ``model_path``, or over ``base_model`` alone."""
+        if model_path:
+            source_id, folder = self.folders.resolve(model_path, "sampler_weights")
+            base_name, shape = self.folders.read_record(source_id)
+            base = find_base_model(self.catalogue, base_name)
+            sampler = Sampler(self._host(base, shape), str(folder), base_model or base_name, model_path)
+        else:
+            base = find_base_model(self.catalogue, str(base_model))
+            hosts = [host for (name, _), host in self.hosts.items() if name == base.name and host.dead is None]
+            host = hosts[0] if hosts else self._host(base, LoraShape(1, ("attention",)))
+            sampler = Sampler(host, None, str(base_model), None)
+        sampling_session_id = f"{session_id}:sample:{seq}"
+        self.samplers[sampling_session_id] = sampler
+        return sampling_session_id
+
+    def sample(self, request: SamplingRequest) -> tuple[str, list[str]]:
+        """Queue a sampling request; returns its request id and the ids of its samples."""
+        sampler = self.sampler(request.sampling_session_id)
+        base = self.catalogue[sampler.host.name]
+        prompts = request.prompts(base, self.max_seq_len)
+
+        def job() -> Payload:
+            sampler.host.start()
+            return sample_outcome(sampler.host.sample(sampler.adapter_folder, prompts), request, base)
+
+        request_id = self._queue(sampler.host, f"asample (session {request.sampling_session_id})", job)
+        return request_id, [f"{request_id}:{index}" for index in range(request.num_samples)]
+
+    def shutdown(self) -> None:
+        for host in self.hosts.values():
+            host.shutdown()
+            host.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _new_model_id(body: dict[str, Any]) -> str:
+    """``<session id>:train:<model_seq_id>``, the id the SDK expects (it builds it itself for a client from a state)."""
+    if not isinstance(body.get("session_id"), str) or not isinstance(body.get("model_seq_id", 0), int):
+        raise UserError("the request needs a session_id (a string) and a model_seq_id (an integer)")
+    return f"{body['session_id']}:train:{body.get('model_seq_id', 0)}"
+
+
+__all__ = ["CapacityError", "TinkerService"]

@@ -1,0 +1,132 @@
+"""What the service tests do with the real ``tinker`` SDK: a supervised loop, an RL loop on the demo task,
+greedy samples, and a load of concurrent clients. Each function talks to a live server only through the SDK."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import tinker
+from tinker import types
+
+from rlflow.rewards.registry import get_reward_fn
+
+ARITHMETIC = ["12+7=19", "3+4=7", "25+30=55", "8+8=16", "40+2=42", "61+17=78"]
+
+
+def sft_data(tokenizer, texts: list[str] = ARITHMETIC) -> list[types.Datum]:
+    """Cross-entropy data: each text predicts its own next tokens."""
+    data = []
+    for text in texts:
+        ids = tokenizer.encode(text)
+        data.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)}))
+    return data
+
+
+def supervised_loop(client: tinker.TrainingClient, data: list[types.Datum], steps: int, lr: float) -> list[float]:
+    """``steps`` of cross-entropy + AdamW, each submitted without waiting; the ``loss:sum`` of each step."""
+    futures = [(client.forward_backward(data, "cross_entropy"), client.optim_step(types.AdamParams(learning_rate=lr)))
+               for _ in range(steps)]
+    losses = []
+    for forward_backward, optim_step in futures:
+        losses.append(forward_backward.result().metrics["loss:sum"])
+        optim_step.result()
+    return losses
+
+
+def greedy(sampler: tinker.SamplingClient, prompts: list[list[int]], max_tokens: int = 8) -> list[list[int]]:
+    """The greedy completion of each prompt."""
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    futures = [sampler.sample(types.ModelInput.from_ints(p), 1, params) for p in prompts]
+    return [future.result().sequences[0].tokens for future in futures]
+
+
+@dataclass
+class TaskRows:
+    """Demo-task problems: chat prompts as token ids, and what scores an answer."""
+
+    prompts: list[list[int]]
+    ground_truths: list[str]
+    data_source: str
+
+    @classmethod
+    def load(cls, parquet: Path, tokenizer, limit: int) -> "TaskRows":
+        rows = pq.read_table(parquet).to_pylist()[:limit]
+        prompts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True) for row in rows]
+        prompts = [list(p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p) for p in prompts]
+        return cls(prompts, [row["reward_model"]["ground_truth"] for row in rows], rows[0]["data_source"])
+
+    def reward(self, tokenizer, index: int, tokens: list[int]) -> float:
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        return float(get_reward_fn(self.data_source)(self.data_source, text, self.ground_truths[index]))
+
+    def accuracy(self, tokenizer, sampler: tinker.SamplingClient, max_tokens: int) -> float:
+        answers = greedy(sampler, self.prompts, max_tokens)
+        return statistics.mean(self.reward(tokenizer, i, tokens) for i, tokens in enumerate(answers))
+
+
+def rl_step(client: tinker.TrainingClient, sampler: tinker.SamplingClient, tokenizer, rows: TaskRows, indices: list[int],
+            group: int, max_tokens: int, lr: float) -> float:
+    """One GRPO-style step through the SDK: sample a group per prompt, score, group-relative advantages scaled
+    to a token mean, ``importance_sampling`` forward_backward, one AdamW step. Returns the mean reward."""
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=1.0)
+    futures = [sampler.sample(types.ModelInput.from_ints(rows.prompts[i]), group, params) for i in indices]
+    samples, rewards = [], []
+    for index, future in zip(indices, futures):
+        sequences = future.result().sequences
+        scores = [rows.reward(tokenizer, index, s.tokens) for s in sequences]
+        mean = statistics.mean(scores)
+        samples += [(index, s, score - mean) for s, score in zip(sequences, scores)]
+        rewards += scores
+    response_tokens = sum(len(s.tokens) for _, s, _ in samples)
+    data = []
+    for index, sequence, advantage in samples:
+        prompt, response = rows.prompts[index], list(sequence.tokens)
+        tokens = prompt + response
+        pad = [0.0] * (len(prompt) - 1)
+        data.append(types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": pad + list(sequence.logprobs),
+                            "advantages": pad + [advantage / response_tokens] * len(response)}))
+    client.forward_backward(data, "importance_sampling").result()
+    client.optim_step(types.AdamParams(learning_rate=lr)).result()
+    return statistics.mean(rewards)
+
+
+def load_test(url: str, api_key: str, base_models: list[str], clients: int, rounds: int, tokenizer) -> list[float]:
+    """``clients`` SDK clients at once, one training client each (spread over ``base_models``), each sending
+    ``rounds`` x (forward_backward, optim_step) back to back, then reading every result. Returns each request's
+    latency from submission to result, in seconds; raises if any client failed."""
+    latencies: list[float] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    data = sft_data(tokenizer, ARITHMETIC[:2])
+
+    def one_client(index: int) -> None:
+        try:
+            service = tinker.ServiceClient(base_url=url, api_key=api_key)
+            client = service.create_lora_training_client(base_model=base_models[index % len(base_models)], rank=8).result()
+            submitted = []
+            for _ in range(rounds):
+                submitted.append((time.monotonic(), client.forward_backward(data, "cross_entropy")))
+                submitted.append((time.monotonic(), client.optim_step(types.AdamParams(learning_rate=1e-3))))
+            for start, future in submitted:
+                future.result()
+                with lock:
+                    latencies.append(time.monotonic() - start)
+        except BaseException as error:  # noqa: BLE001 - reported below, with every other client's
+            errors.append(error)
+
+    threads = [threading.Thread(target=one_client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return latencies

@@ -1,0 +1,265 @@
+"""The real ``tinker`` SDK (pinned, from the package index) against a live ``python -m rlflow.service``.
+
+For each engine (fsdp2, and fsdp: the other engine with LoRA) one server serves the tiny preset and the
+demo's SFT warm start: a supervised loop whose loss falls, forward log-probs equal to the HF model's, an
+RL loop whose greedy accuracy rises on the demo task, and a save -> load -> sample round trip with
+identical greedy samples (a later, different sampler in between). On the fsdp2 server: a tinker-cookbook
+recipe from its own venv, 8 concurrent clients, and the errors (401, malformed protobuf, unknown model,
+too long, a seq_id gap, a failing request, a killed worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import time
+
+import httpx
+import numpy as np
+import pytest
+import tinker
+import torch
+from service_runner import API_KEY, REPO, start_service
+from sdk_clients import ARITHMETIC, TaskRows, greedy, load_test, rl_step, sft_data, supervised_loop
+from tinker import types
+from peft import PeftModel
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+ENGINES = ["fsdp2", "fsdp"]
+RANK = 8
+RL_VAL_PROMPTS = 64
+RL_STEPS, RL_PROMPTS, RL_GROUP, RL_MAX_TOKENS, RL_LR = 12, 16, 8, 32, 2e-3
+
+
+@pytest.fixture(scope="module")
+def services(demo, tiny_model, tmp_path_factory):
+    """A server per engine, started when a test first asks for it and stopped after this module."""
+    started, stoppers = {}, []
+
+    def get(engine: str):
+        if engine not in started:
+            runner = start_service(tmp_path_factory.mktemp(f"service-{engine}"), [
+                f"engine={engine}", "rollout=vllm", f"service.models.tiny={tiny_model}",
+                f"service.models.warm={demo.out / 'sft' / 'hf'}", "service.seq_gap_wait_s=2"])
+            started[engine] = next(runner)
+            stoppers.append(runner)
+        return started[engine]
+
+    yield get
+    for runner in stoppers:
+        next(runner, None)
+
+
+def _client(server, base_model: str = "tiny"):
+    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    return service, service.create_lora_training_client(base_model=base_model, rank=RANK).result()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_supervised_loop_loss_falls_and_starts_at_the_hf_models_log_probs(services, tiny_model, engine):
+    _, client = _client(services(engine))
+    tokenizer = client.get_tokenizer()
+    data = sft_data(tokenizer)
+    # fresh adapters (B = 0) are the base model: the forward's target log-probs are the HF model's
+    forward = client.forward(data, "cross_entropy").result()
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    for datum, output in zip(data, forward.loss_fn_outputs):
+        tokens = torch.tensor([datum.model_input.to_ints()])
+        with torch.no_grad():
+            expected = hf(tokens).logits.log_softmax(-1)[0].gather(-1, torch.tensor(datum.loss_fn_inputs["target_tokens"].tolist())[:, None])
+        torch.testing.assert_close(torch.tensor(output["logprobs"].tolist()), expected[:, 0], atol=1e-4, rtol=0)
+
+    losses = supervised_loop(client, data, steps=8, lr=1e-2)
+    assert losses[-1] < 0.6 * losses[0], f"cross-entropy did not fall: {losses}"
+
+
+def _peft_steps(base_path, adapter_folder, data: list, steps: int, adam: types.AdamParams) -> dict[str, torch.Tensor]:
+    """The reference: the saved adapters in plain peft, ``steps`` of summed NLL + ``torch.optim.AdamW``."""
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32),
+                                      adapter_folder, is_trainable=True)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
+                                  weight_decay=adam.weight_decay)
+    for _ in range(steps):
+        loss = 0
+        for datum in data:
+            logits = model(torch.tensor([datum.model_input.to_ints()])).logits[0]
+            targets = torch.tensor(datum.loss_fn_inputs["target_tokens"].tolist())
+            loss = loss - logits.log_softmax(-1).gather(-1, targets[:, None]).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_interleaved_clients_each_train_like_plain_peft_and_adamw(services, tiny_model, engine):
+    """Two clients on one engine send forward_backward, forward_backward, optim_step, optim_step without waiting
+    (their adapters and Adam states swap in and out, never in the middle of an accumulation): each one's
+    adapters after 2 steps equal plain peft + AdamW from its own start on its own data."""
+    server = services(engine)
+    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    # eps 1e-3, not the SDK's 1e-12: Adam turns a gradient of about eps into a step of about lr, so float rounding in
+    # the tiny first gradients of lora_A (packed vs padded forward) moved single weights by 1.5e-4 at eps 1e-5
+    adam = types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-3)
+    clients = [service.create_lora_training_client(base_model="tiny", rank=RANK).result() for _ in range(2)]
+    tokenizer = clients[0].get_tokenizer()
+    data = [sft_data(tokenizer, ARITHMETIC[:3]), sft_data(tokenizer, ARITHMETIC[3:])]
+    starts = [client.save_weights_for_sampler("start").result().path for client in clients]
+    for _ in range(2):
+        passes = [client.forward_backward(batch, "cross_entropy") for client, batch in zip(clients, data)]
+        steps = [client.optim_step(adam) for client in clients]
+        for future in passes + steps:
+            future.result()
+    for client, start, batch in zip(clients, starts, data):
+        expected = _peft_steps(tiny_model, server.checkpoint_folder(start), batch, 2, adam)
+        end = client.save_weights_for_sampler("end").result().path
+        trained = load_file(str(server.checkpoint_folder(end) / "adapter_model.safetensors"))
+        assert {name.replace(".default", "") for name in expected} == set(trained)
+        for name, tensor in expected.items():  # measured within 8e-6; a wrong or mixed-up step moves weights by ~1e-3
+            torch.testing.assert_close(trained[name.replace(".default", "")], tensor, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_save_load_sample_round_trip_gives_identical_greedy_samples(services, engine):
+    service, client = _client(services(engine))
+    tokenizer = client.get_tokenizer()
+    prompts = [tokenizer.encode(text) for text in ("12+7=", "3+4=", "40+2=")]
+    supervised_loop(client, sft_data(tokenizer), steps=4, lr=1e-2)
+    sampler_path = client.save_weights_for_sampler("snapshot").result().path
+    state_path = client.save_state("snapshot").result().path
+    saved = greedy(service.create_sampling_client(model_path=sampler_path).result(), prompts)
+
+    supervised_loop(client, sft_data(tokenizer, ["7+7=14", "9+1=10"]), steps=4, lr=5e-2)
+    later = greedy(client.save_weights_and_get_sampling_client().result(), prompts)
+    assert later != saved, "training on did not change the greedy samples, so the round trip below would prove nothing"
+
+    assert greedy(service.create_sampling_client(model_path=sampler_path).result(), prompts) == saved
+    restored = service.create_training_client_from_state(state_path).result()
+    assert greedy(restored.save_weights_and_get_sampling_client().result(), prompts) == saved
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rl_loop_raises_greedy_accuracy_on_the_demo_task(services, demo, engine):
+    service, client = _client(services(engine), base_model="warm")
+    tokenizer = client.get_tokenizer()
+    train = TaskRows.load(demo.out / "data" / "train.parquet", tokenizer, RL_STEPS * RL_PROMPTS)
+    val = TaskRows.load(demo.out / "data" / "val.parquet", tokenizer, RL_VAL_PROMPTS)
+    before = val.accuracy(tokenizer, client.save_weights_and_get_sampling_client().result(), RL_MAX_TOKENS)
+    rewards = []
+    for step in range(RL_STEPS):
+        sampler = client.save_weights_and_get_sampling_client().result()
+        indices = list(range(step * RL_PROMPTS, (step + 1) * RL_PROMPTS))
+        rewards.append(rl_step(client, sampler, tokenizer, train, indices, RL_GROUP, RL_MAX_TOKENS, RL_LR))
+    after = val.accuracy(tokenizer, client.save_weights_and_get_sampling_client().result(), RL_MAX_TOKENS)
+    print(f"{engine}: greedy val accuracy {before:.3f} -> {after:.3f}; train reward by step {rewards}")
+    assert after >= before + 0.05, f"greedy val accuracy {before:.3f} -> {after:.3f}"
+    assert statistics.mean(rewards[-3:]) > statistics.mean(rewards[:3])
+
+
+def test_tinker_cookbook_arithmetic_rl_recipe_runs_from_its_own_venv(services, demo, tmp_path):
+    """tinker-cookbook 0.5.8's math_rl recipe (env=arithmetic), unmodified, in .venv-cookbook; only the base URL,
+    the model name (the warm start's folder), the renderer and run sizes are set (docs/service.md)."""
+    server = services("fsdp2")
+    subprocess.run(["bash", "scripts/cookbook_venv.sh"], cwd=REPO, check=True, timeout=600)
+    log_path = tmp_path / "cookbook_run"
+    command = [str(REPO / ".venv-cookbook" / "bin" / "python"), "-m", "tinker_cookbook.recipes.math_rl.train",
+               f"base_url={server.url}", f"model_name={demo.out / 'sft' / 'hf'}", "renderer_name=qwen3", "env=arithmetic",
+               f"lora_rank={RANK}", "groups_per_batch=4", "group_size=4", "max_tokens=16", "max_steps=3",
+               "learning_rate=1e-4", "eval_every=0", "save_every=2", f"log_path={log_path}", "behavior_if_log_dir_exists=delete"]
+    env = {**os.environ, "TINKER_API_KEY": API_KEY, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+    assert [step["step"] for step in steps if "env/all/reward/total" in step] == [0, 1, 2]
+    checkpoints = [json.loads(line) for line in (log_path / "checkpoints.jsonl").read_text().splitlines()]
+    assert checkpoints[-1]["state_path"].startswith("tinker://") and checkpoints[-1]["sampler_path"].startswith("tinker://")
+
+
+def test_eight_concurrent_clients_lose_and_misorder_nothing(services, tiny_model):
+    server = services("fsdp2")
+    tokenizer = tinker.ServiceClient(base_url=server.url, api_key=API_KEY).create_lora_training_client(
+        base_model="tiny", rank=RANK).result().get_tokenizer()
+    started = time.time()
+    latencies = load_test(server.url, API_KEY, ["tiny", "warm"], clients=8, rounds=10, tokenizer=tokenizer)
+    assert len(latencies) == 8 * 20
+    runs: dict[str, list[int]] = {}
+    for line in (server.checkpoint_dir / "requests.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if entry["seq_id"] is not None and entry["queued"] >= started:
+            assert entry["error"] is None, entry
+            runs.setdefault(entry["model_id"], []).append(entry["seq_id"])
+    assert sorted(runs.values()) == [list(range(1, 21))] * 8, "a client's requests ran out of seq_id order or went missing"
+    p50, p90, p99 = np.percentile(latencies, [50, 90, 99])
+    print(f"load: 8 clients x 20 requests on 2 base models; latency p50 {p50:.2f} s, p90 {p90:.2f} s, p99 {p99:.2f} s, "
+          f"max {max(latencies):.2f} s; {len(latencies) / (time.time() - started):.1f} requests/s")
+
+
+def _post(server, path: str, key: str | None = API_KEY, headers: dict | None = None, **kwargs) -> httpx.Response:
+    headers = {**(headers or {}), **({"X-API-Key": key} if key else {})}
+    return httpx.post(f"{server.url}/api/v1/{path}", headers=headers, timeout=60, **kwargs)
+
+
+def test_bad_requests_get_a_4xx_with_one_line_and_the_client_goes_on(services):
+    server = services("fsdp2")
+    assert _post(server, "create_session", key=None, json={}).status_code == 401
+    assert _post(server, "create_session", key="tml-wrong", json={}).status_code == 401
+    with pytest.raises(tinker.AuthenticationError):
+        tinker.ServiceClient(base_url=server.url, api_key="tml-wrong").create_lora_training_client(
+            base_model="tiny", rank=RANK).result()
+
+    malformed = _post(server, "forward_backward", content=b"\xff\x00garbage", headers={"Content-Type": "application/x-protobuf"})
+    assert malformed.status_code == 400 and "not a ForwardBackwardRequest protobuf" in malformed.json()["detail"]
+    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    with pytest.raises(tinker.NotFoundError, match="base model 'nope' is not served"):
+        service.create_lora_training_client(base_model="nope", rank=RANK).result()
+
+    client = service.create_lora_training_client(base_model="tiny", rank=RANK).result()
+    too_long = [types.Datum(model_input=types.ModelInput.from_ints([5] * 600),
+                            loss_fn_inputs={"target_tokens": [5] * 600, "weights": [1.0] * 600})]
+    with pytest.raises(tinker.BadRequestError, match="exceed the model's context of 512 tokens"):
+        client.forward_backward(too_long, "cross_entropy").result()
+    data = sft_data(client.get_tokenizer())
+    assert client.forward_backward(data, "cross_entropy").result().metrics["loss:sum"] > 0  # the refused seq_id was skipped
+    client.optim_step(types.AdamParams(learning_rate=1e-3)).result()  # uses the gradients up: other clients' turn
+
+    model_id = client.model_id
+    unknown = _post(server, "optim_step", json={"model_id": "nope:train:0", "seq_id": 1, "adam_params": {}})
+    assert unknown.status_code == 404 and "does not exist" in unknown.json()["detail"]
+    gap = _post(server, "optim_step", json={"model_id": model_id, "seq_id": 50, "adam_params": {}})
+    assert gap.status_code == 400 and "never did" in gap.json()["detail"]
+
+
+def test_a_failing_request_is_an_error_future_naming_it_and_the_server_keeps_serving(services):
+    server = services("fsdp2")
+    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY).create_lora_training_client(
+        base_model="tiny", rank=RANK).result()
+    data = sft_data(client.get_tokenizer())
+    with pytest.raises(tinker.RequestFailedError, match=r"forward_backward \(model .*seq_id 1\) failed on the server.*on purpose"):
+        client.forward_backward(data, "test_raises").result()
+    assert client.forward_backward(data, "cross_entropy").result().metrics["loss:sum"] > 0
+    client.optim_step(types.AdamParams(learning_rate=1e-3)).result()  # uses the gradients up: other clients' turn
+
+
+def test_killing_a_worker_mid_request_gives_an_error_future_not_a_hang(services):
+    """Last in this module: the killed worker's host is gone (its clients get errors), and a new client starts a new one."""
+    server = services("fsdp2")
+    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    client = service.create_lora_training_client(base_model="tiny", rank=RANK).result()
+    data = sft_data(client.get_tokenizer())
+    server.pid_file.unlink(missing_ok=True)
+    future = client.forward_backward(data, "test_sleeps", loss_fn_config={"seconds": 120.0})
+    deadline = time.monotonic() + 60
+    while not server.pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.kill(int(server.pid_file.read_text()), signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(tinker.RequestFailedError, match="WorkerDiedError"):
+        future.result(timeout=90)
+    assert time.monotonic() - started < 90
+    replacement = service.create_lora_training_client(base_model="tiny", rank=RANK).result()
+    assert replacement.forward_backward(data, "cross_entropy").result().metrics["loss:sum"] > 0

@@ -1,0 +1,49 @@
+"""The service's start-up checks: every mistake is one line, and comes before Ray starts."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+from one_line_errors import one_line_error
+from service_runner import REPO
+
+from rlflow.service.config import compose_service_config
+from rlflow.service.main import prepare
+
+
+def _prepared(overrides: list[str]) -> object:
+    return prepare(compose_service_config(overrides))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["service.models.tiny=/nowhere"], "config key 'service.api_keys': set at least one key"),
+    (["service.api_keys=[secret]", "service.models.tiny=/nowhere"], "keys must start with 'tml-'"),
+    (["service.api_keys=[tml-a]"], "config key 'service.models': name at least one base model"),
+    (["service.api_keys=[tml-a]", "service.models.tiny=/x", "engine=torchtitan"],
+     "engine 'torchtitan' has none; use one of ['fsdp', 'fsdp2']"),
+    (["service.api_keys=[tml-a]", "service.models.tiny=/x", "+service.prot=1"], "service.prot"),
+    (["service.api_keys=[tml-a]", "service.models.tiny=/nowhere"], "config key 'service.models': "),
+])
+def test_config_mistakes_are_one_line(overrides, message):
+    assert message in one_line_error(_prepared, overrides)
+
+
+def test_a_port_in_use_is_one_line(tiny_model, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        message = one_line_error(_prepared, ["service.api_keys=[tml-a]", f"service.models.tiny={tiny_model}",
+                                             f"service.port={port}", f"service.checkpoint_dir={tmp_path}"])
+    assert f"config key 'service.port': cannot listen on 127.0.0.1:{port}" in message
+
+
+def test_the_command_exits_2_with_one_line_before_ray_starts(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "rlflow.service", "service.api_keys=[tml-a]", "service.models.tiny=/nowhere",
+                             f"service.checkpoint_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: config key 'service.models': ") and "\n" not in result.stderr.strip()
+    assert "Ray" not in result.stdout + result.stderr
