@@ -93,12 +93,17 @@ class BaseModelHost:
             self._role.save_checkpoint(str(self.work_dir / INITIAL_STATE))
             logger.info("base model %s: worker group up (LoRA rank %d, %s)", self.name, self.shape.rank, "+".join(self.shape.parts))
 
-    def shutdown(self, reason: Optional[str] = None) -> None:
-        """Stop the worker group; with ``reason``, the host refuses every later call with it."""
-        self.dead = self.dead or reason
+    def shutdown(self) -> None:
+        """Stop the worker group (blocks while Ray stops the workers)."""
         if self.group is not None:
             self.group.shutdown()
             self.group = None
+
+    def mark_dead(self, reason: str) -> None:
+        """Refuse every later call with ``reason`` (its workers died or hung), and stop the worker group on the
+        host's own thread, so the caller (the server's event loop) does not wait for it."""
+        self.dead = self.dead or reason
+        self.executor.submit(self.shutdown)
 
     @property
     def _role(self) -> RoleHandle:

@@ -50,11 +50,11 @@ def _check(index: int, datum: Datum, needed: tuple[str, ...], max_len: int) -> N
         raise LossInputError(f"datum {index}: target_tokens must be model_input shifted by one (next-token targets)")
 
 
-def training_batch(data: list[Datum], loss_fn: str | None, pad_token_id: int, max_len: int) -> DataProto:
-    """The engine batch of ``data`` for loss ``loss_fn`` (None: a forward without a loss, targets only)."""
+def training_batch(data: list[Datum], loss_fn: str, pad_token_id: int, max_len: int) -> DataProto:
+    """The engine batch of ``data`` for loss ``loss_fn``; ``LossInputError`` names what a datum lacks."""
     if not data:
         raise LossInputError("the request holds no data")
-    needed = () if loss_fn is None else loss_inputs(loss_fn)
+    needed = loss_inputs(loss_fn)
     for index, datum in enumerate(data):
         _check(index, datum, needed, max_len)
     width = max(len(datum.tokens) for datum in data) + 1

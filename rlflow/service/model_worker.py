@@ -19,7 +19,7 @@ from rlflow.engines.common.lora_export import merged_peft_folder
 from rlflow.engines.config import StepHyperparams
 from rlflow.models.hf_checkpoint import resolve_dtype, safetensors_weights
 from rlflow.protocol import DataProto
-from rlflow.roles.engine_role import EngineRole, forward_only
+from rlflow.roles.engine_role import EngineRole
 from rlflow.roles.rollout_worker import ROLLOUT_MESH, RolloutMethods, sync_engine_into_rollout
 from rlflow.rollout import build_rollout
 from rlflow.service.losses import make_loss_fn
@@ -43,13 +43,7 @@ class BaseModelWorker(RolloutMethods, EngineRole):
         """The Tinker loss ``meta_info["loss_fn"]`` (config ``meta_info["loss_fn_config"]``) on this rank's
         share: gradients accumulate unless ``meta_info["forward_only"]``. Returns ``log_probs`` ``[B, T]``
         (collect ranks) and ``meta_info["metrics"]`` (``loss:sum``, the global sum)."""
-        loss_name: Optional[str] = batch.meta_info.get("loss_fn")
-        if loss_name is None:  # a forward without a loss: log-probs only
-            outputs = forward_only(self.engine, batch)
-            result = DataProto() if outputs is None else outputs.select(batch_keys=["log_probs"])
-            result.meta_info["metrics"] = {}
-            return result
-        loss_fn = make_loss_fn(loss_name, batch.meta_info.get("loss_fn_config", {}))
+        loss_fn = make_loss_fn(batch.meta_info["loss_fn"], batch.meta_info.get("loss_fn_config", {}))
         if batch.meta_info.get("forward_only", False):
             with self.engine.eval_mode(), torch.no_grad():
                 outputs, metrics = self.engine.forward_backward(batch, loss_fn, forward_only=True)

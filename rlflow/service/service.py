@@ -120,7 +120,7 @@ class TinkerService:
         if error is None:
             return Outcome(payload=done.result())
         if isinstance(error, (WorkerDiedError, WorkerTimeoutError)):
-            host.shutdown(f"{type(error).__name__} during {label}")
+            host.mark_dead(f"{type(error).__name__} during {label}")
         if isinstance(error, UserError):
             return Outcome(error=f"{label}: {error}", category="user")
         logger.error("%s failed", label, exc_info=error)
@@ -255,6 +255,8 @@ class TinkerService:
             sampler = Sampler(self._host(base, shape), str(folder), base_model or base_name, model_path)
         else:
             base = find_base_model(self.catalogue, str(base_model))
+            # any live group of the base model samples it (its rollout loads the base weights); with none, one is
+            # started with the smallest LoRA shape, which a later training client of that shape shares
             hosts = [host for (name, _), host in self.hosts.items() if name == base.name and host.dead is None]
             host = hosts[0] if hosts else self._host(base, LoraShape(1, ("attention",)))
             sampler = Sampler(host, None, str(base_model), None)

@@ -13,5 +13,3 @@ from rlflow.models.presets import build_preset
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return build_preset(tmp_path_factory.mktemp("service-preset") / "tiny", tokenizer_corpus(), preset="tiny", seed=0)
-
-
