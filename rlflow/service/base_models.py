@@ -14,7 +14,6 @@ each client's requests in ``seq_id`` order, and no switch of clients while one h
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +61,6 @@ class BaseModelHost:
 
     def __init__(self, base: BaseModel, shape: LoraShape, config: Any, work_dir: Path, hold_s: float) -> None:
         self.base = base
-        self.name = base.name
         self.shape = shape
         self.label = f"{base.name}-r{shape.rank}-{'-'.join(shape.parts)}"  # the worker group's and thread's name
         self.config = config
@@ -73,25 +71,28 @@ class BaseModelHost:
         self.dead: Optional[str] = None
         self.active: Optional[TrainingModel] = None
         self.sampler: Optional[tuple[str, Optional[str]]] = None  # what the rollout holds: ("base"|"adapters", folder)
-        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        """The base model's name."""
+        return self.base.name
 
     # ------------------------------------------------------------------ lifecycle (worker thread)
     def start(self) -> None:
-        """Start the worker group and save the new-client state; idempotent."""
-        with self._lock:
-            if self.group is not None:
-                return
-            service = self.config.service
-            trainer = self.config.trainer
-            pool = ResourcePool(procs_per_node=trainer.n_procs_per_node, nnodes=trainer.nnodes,
-                                cpus_per_proc=trainer.cpus_per_proc, device=trainer.device, name=f"service-{self.label}")
-            engine = OmegaConf.to_container(self.config.engine, resolve=True)
-            engine["lora"] = {**engine.get("lora", {}), "rank": self.shape.rank, "parts": list(self.shape.parts),
-                              "alpha": float(service.lora_alpha), "target_modules": ["all-linear"]}
-            spec = WorkerSpec(BaseModelWorker, engine, self.config.rollout, str(self.base.path))
-            self.group = RayWorkerGroup(pool, spec, name=f"service-{self.label}", timeouts=group_timeouts(trainer.timeouts))
-            self._role.save_checkpoint(str(self.work_dir / INITIAL_STATE))
-            logger.info("base model %s: worker group up (LoRA rank %d, %s)", self.name, self.shape.rank, "+".join(self.shape.parts))
+        """Start the worker group and save the new-client state; idempotent (the host's thread calls it)."""
+        if self.group is not None:
+            return
+        service = self.config.service
+        trainer = self.config.trainer
+        pool = ResourcePool(procs_per_node=trainer.n_procs_per_node, nnodes=trainer.nnodes,
+                            cpus_per_proc=trainer.cpus_per_proc, device=trainer.device, name=f"service-{self.label}")
+        engine = OmegaConf.to_container(self.config.engine, resolve=True)
+        engine["lora"] = {**engine.get("lora", {}), "rank": self.shape.rank, "parts": list(self.shape.parts),
+                          "alpha": float(service.lora_alpha), "target_modules": ["all-linear"]}
+        spec = WorkerSpec(BaseModelWorker, engine, self.config.rollout, str(self.base.path))
+        self.group = RayWorkerGroup(pool, spec, name=f"service-{self.label}", timeouts=group_timeouts(trainer.timeouts))
+        self._role.save_checkpoint(str(self.work_dir / INITIAL_STATE))
+        logger.info("base model %s: worker group up (LoRA rank %d, %s)", self.name, self.shape.rank, "+".join(self.shape.parts))
 
     def shutdown(self) -> None:
         """Stop the worker group (blocks while Ray stops the workers)."""

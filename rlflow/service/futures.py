@@ -75,10 +75,6 @@ class FutureStore:
             entry.outcome = outcome
             entry.done.set()
 
-    def pending(self) -> int:
-        """How many requests have no outcome yet."""
-        return sum(entry.outcome is None for entry in self._entries.values())
-
     async def retrieve(self, request_id: str) -> Optional[Outcome]:
         """The outcome, waiting up to ``poll_wait_s``; None if the request is still running."""
         entry = self._entries.get(request_id)

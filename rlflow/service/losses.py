@@ -49,8 +49,7 @@ def register_loss(name: str, inputs: tuple[str, ...], config: Mapping[str, float
 
 
 def loss_inputs(name: str) -> tuple[str, ...]:
-    """The ``loss_fn_inputs`` (besides ``target_tokens``) that loss ``name`` needs."""
-    LOSS_FUNCTIONS.get(name)
+    """The ``loss_fn_inputs`` (besides ``target_tokens``) that loss ``name`` needs (unknown: ``LossInputError``)."""
     return LOSS_FUNCTIONS.metadata(name)["inputs"]
 
 

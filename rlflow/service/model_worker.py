@@ -34,7 +34,6 @@ class BaseModelWorker(RolloutMethods, EngineRole):
     def __init__(self, engine_config: Any, rollout_config: Any, model_path: str | Path):
         super().__init__(engine_config, model_path, TRAIN_MESH)
         self.config = rollout_config
-        self.model_path = Path(model_path)
         self.register_mesh(ROLLOUT_MESH, dp_rank=self.rank, dp_size=self.world_size, is_collect=True)
         self.rollout = build_rollout(rollout_config, model_path, self.device, replica_rank=self.rank)
 
@@ -74,7 +73,7 @@ class BaseModelWorker(RolloutMethods, EngineRole):
         """Load the base model's weights, with the peft adapter folder ``adapter_folder`` merged in (None:
         the base model alone), into this rank's rollout replica; returns the bytes loaded."""
         dtype = resolve_dtype(self.config.dtype)
-        weights = safetensors_weights(self.model_path)
+        weights = safetensors_weights(self.engine.model_path)
         if adapter_folder is not None:
             weights = merged_peft_folder(weights, adapter_folder)
         return self.rollout.update_weights((name, tensor.to(dtype)) for name, tensor in weights)

@@ -10,6 +10,7 @@ the log-probs of sampled tokens only), so ``compute_logprobs`` is refused.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ class SamplingRequest:
                                        f"{num_samples} samples)")
         return cls(str(body.get("sampling_session_id")), prompt, num_samples, dict(body.get("sampling_params") or {}))
 
+    @cached_property
     def rollout_sampling(self) -> dict[str, Any]:
         """The rollout's per-request sampling keys (``RolloutMethods.generate_sequences``' ``meta_info["sampling"]``)."""
         params = self.params
@@ -71,7 +73,7 @@ class SamplingRequest:
 
     def prompts(self, base: BaseModel, max_seq_len: int) -> DataProto:
         """The one-row prompt batch, its sampling in ``meta_info``; refuses a prompt plus ``max_tokens`` over the context."""
-        sampling = self.rollout_sampling()
+        sampling = self.rollout_sampling
         if sampling["max_new_tokens"] < 1:
             raise SamplingRequestError("sampling_params.max_tokens must be >= 1")
         if len(self.prompt) + sampling["max_new_tokens"] > max_seq_len:
@@ -87,7 +89,7 @@ class SamplingRequest:
 def sample_outcome(output: DataProto, request: SamplingRequest, base: BaseModel) -> Payload:
     """The ``SampleResponse`` of the rollout's output for ``request`` (a sample stopped if it ended on an end token
     or before ``max_tokens``)."""
-    sampling = request.rollout_sampling()
+    sampling = request.rollout_sampling
     end_ids = base.end_token_ids | set(sampling["stop_token_ids"])
     sequences = []
     for row in range(len(output)):

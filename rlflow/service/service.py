@@ -145,7 +145,8 @@ class TinkerService:
         self.hosts[key] = host
         return host
 
-    def _lora_shape(self, base: BaseModel, lora_config: dict[str, Any]) -> LoraShape:
+    @staticmethod
+    def _lora_shape(lora_config: dict[str, Any]) -> LoraShape:
         rank = int(lora_config.get("rank", 32))
         parts = tuple(part for flag, part in PART_FLAGS.items() if lora_config.get(flag, True))
         if rank < 1 or not parts:
@@ -155,7 +156,7 @@ class TinkerService:
     def create_model(self, body: dict[str, Any]) -> tuple[str, str]:
         """Create a training client (``create_model``): its request id and model id."""
         base = find_base_model(self.catalogue, str(body.get("base_model")))
-        shape = self._lora_shape(base, body.get("lora_config") or {})
+        shape = self._lora_shape(body.get("lora_config") or {})
         model_id = _new_model_id(body)
         return self._add_client(model_id, base, shape, str(body.get("base_model")), label=f"create_model {model_id}",
                                 then=None, result={"model_id": model_id, "type": "create_model"}), model_id
