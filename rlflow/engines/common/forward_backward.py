@@ -9,7 +9,7 @@ in the input row order; the metrics follow ``BaseEngine.forward_backward``.
 The engine supplies ``forward`` and, if its gradient reduction can be deferred,
 ``no_sync`` (a context manager that suspends it, like DDP's): every micro-batch but
 the last then runs inside it, so gradients are reduced once per mini-batch.
-A pipeline engine has its own schedule and composes the pieces (``plan_micro_batches``,
+A pipeline engine has its own schedule and composes the pieces (``check_batch``, ``plan_micro_batches``,
 ``global_counts``, ``global_loss``) directly instead.
 """
 
@@ -28,12 +28,13 @@ from rlflow.engines.common.micro_batching import plan_micro_batches
 from rlflow.engines.config import EngineConfig
 from rlflow.protocol import DataProto
 
-__all__ = ["run_forward_backward"]
+__all__ = ["check_batch", "run_forward_backward"]
 
 MicroBatchForward = Callable[[DataProto], dict[str, torch.Tensor]]
 
 
-def _check_batch(batch: DataProto, loss_fn: Optional[LossFn], forward_only: bool) -> None:
+def check_batch(batch: DataProto, loss_fn: Optional[LossFn], forward_only: bool) -> None:
+    """ValueError (one line) for a call ``forward_backward`` cannot run: training without a loss, missing keys."""
     if loss_fn is None and not forward_only:
         raise ValueError("forward_backward needs a loss_fn unless forward_only=True")
     for key in ("input_ids", "attention_mask"):
@@ -53,7 +54,7 @@ def run_forward_backward(
     no_sync: Optional[Callable[[], AbstractContextManager[Any]]] = None,
 ) -> tuple[DataProto, dict[str, Any]]:
     """``BaseEngine.forward_backward`` for a DP ``group``; ``forward(micro_batch)`` runs one micro-batch on ``device``."""
-    _check_batch(batch, loss_fn, forward_only)
+    check_batch(batch, loss_fn, forward_only)
     plan = plan_micro_batches(
         batch.batch["attention_mask"].sum(-1).tolist(),
         micro_batch_size=config.micro_batch_size,

@@ -5,6 +5,10 @@ of that chunk are reduced to one log-prob (and entropy) per token before the nex
 chunk, so the full ``[tokens, vocab]`` float32 tensor never exists. With gradients on,
 each chunk is activation-checkpointed: backward recomputes its logits instead of
 keeping them, so training memory is bounded the same way.
+
+The reduction of a chunk's logits to log-probs is ``log_probs_from_logits`` unless the caller
+gives another with the same signature: a tensor-parallel engine whose head yields a
+vocabulary shard of the logits reduces across its tensor-parallel group instead.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ from typing import Callable, Optional
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["chunked_log_probs", "log_probs_from_logits"]
+__all__ = ["LogProbsFromLogits", "chunked_log_probs", "log_probs_from_logits"]
+
+# (float32 logits [n, vocab or a vocabulary shard], labels [n], compute_entropy) -> (log_probs [n], entropy [n] or None)
+LogProbsFromLogits = Callable[[torch.Tensor, torch.Tensor, bool], "tuple[torch.Tensor, Optional[torch.Tensor]]"]
 
 
 def log_probs_from_logits(
@@ -36,11 +43,12 @@ def _chunk(
     labels: torch.Tensor,
     temperature: float,
     compute_entropy: bool,
+    reduce: LogProbsFromLogits,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
-    log_probs, entropy = log_probs_from_logits(logits, labels, compute_entropy)
+    log_probs, entropy = reduce(logits, labels, compute_entropy)
     return log_probs, entropy if entropy is not None else log_probs.new_zeros(())
 
 
@@ -52,17 +60,20 @@ def chunked_log_probs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     compute_entropy: bool = False,
+    reduce: LogProbsFromLogits = log_probs_from_logits,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-probs ``[n]`` of ``labels`` under ``head(hidden) / temperature``, plus entropy ``[n]`` if asked.
 
-    ``hidden`` is ``[n, hidden_size]``; ``head`` maps it to logits (the LM head).
+    ``hidden`` is ``[n, hidden_size]``; ``head`` maps it to logits (the LM head); ``reduce`` turns a
+    chunk's logits into log-probs and entropy (module docstring).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     use_checkpoint = torch.is_grad_enabled() and hidden.requires_grad
     log_prob_parts, entropy_parts = [], []
     for start in range(0, hidden.shape[0], chunk_size):
-        args = (head, hidden[start : start + chunk_size], labels[start : start + chunk_size], temperature, compute_entropy)
+        args = (head, hidden[start : start + chunk_size], labels[start : start + chunk_size], temperature, compute_entropy,
+                reduce)
         if use_checkpoint:
             log_probs, entropy = checkpoint(_chunk, *args, use_reentrant=False)
         else:

@@ -27,7 +27,15 @@ from rlflow.engines.common.packing import TokenStream
 from rlflow.models.loading import load_causal_lm, load_value_model
 from rlflow.models.value_models import per_token_values, value_model_export_config
 
-__all__ = ["FORWARD_PREFIX", "MODEL_KINDS", "ModelKind", "decoder_layer_classes", "get_model_kind", "source_files_to_copy"]
+__all__ = [
+    "FORWARD_PREFIX",
+    "MODEL_KINDS",
+    "ModelKind",
+    "decoder_layer_classes",
+    "get_model_kind",
+    "place_targets",
+    "source_files_to_copy",
+]
 
 FORWARD_PREFIX = "model."
 
@@ -84,9 +92,9 @@ class CausalLMForward(ForwardModule):
             chunk_size=self.logprob_chunk_size,
             compute_entropy=compute_entropy,
         )
-        outputs = {"log_probs": _place(log_probs, stream)}
+        outputs = {"log_probs": place_targets(log_probs, stream)}
         if entropy is not None:
-            outputs["entropy"] = _place(entropy, stream)
+            outputs["entropy"] = place_targets(entropy, stream)
         return outputs
 
 
@@ -98,8 +106,8 @@ class ValueForward(ForwardModule):
         return {"values": stream.to_rows(values.reshape(-1))}
 
 
-def _place(per_target: torch.Tensor, stream: TokenStream) -> torch.Tensor:
-    """Values computed at ``source_index`` belong to the predicted token at ``target_index``."""
+def place_targets(per_target: torch.Tensor, stream: TokenStream) -> torch.Tensor:
+    """``[b, T]`` rows from values per ``source_index`` slot: values computed at ``source_index`` belong to the predicted token at ``target_index``."""
     flat = per_target.new_zeros(stream.input_ids.numel())
     return stream.to_rows(flat.index_put((stream.target_index,), per_target))
 

@@ -37,7 +37,15 @@ from typing import Optional
 
 import torch
 
-__all__ = ["VARLEN_ATTENTION", "TokenStream", "default_position_ids", "first_fit_rows", "make_token_stream", "row_width"]
+__all__ = [
+    "VARLEN_ATTENTION",
+    "TokenStream",
+    "default_position_ids",
+    "document_causal_mask",
+    "first_fit_rows",
+    "make_token_stream",
+    "row_width",
+]
 
 VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention"})
 
@@ -45,6 +53,16 @@ VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flex_at
 def default_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counting real tokens from 0 (left padding gets 0)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def document_causal_mask(positions: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, L, L]`` bool: query i may see key j when j <= i and both are in the same document (a document
+    starts wherever the position resets to 0: packed sequences, and each left-padding slot on its own)."""
+    document = (positions == 0).cumsum(-1)
+    same_document = document[:, :, None] == document[:, None, :]
+    length = positions.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=positions.device).tril()
+    return (same_document & causal).unsqueeze(1)
 
 
 @dataclass

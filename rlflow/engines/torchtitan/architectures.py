@@ -41,6 +41,7 @@ from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.module import Module
 from transformers import PretrainedConfig
 
+from rlflow.engines.common.hf_config import head_dim, rope_parameters
 from rlflow.engines.config import EngineConfigError
 from rlflow.utils.registry import Registry
 
@@ -70,18 +71,6 @@ def titan_architecture(hf_config: PretrainedConfig) -> TitanArchitecture:
     return ARCHITECTURES.get(str(getattr(hf_config, "model_type", "")))
 
 
-def _rope_parameters(hf: PretrainedConfig) -> dict[str, Any]:
-    """``rope_parameters`` (transformers 5) or the older ``rope_theta`` / ``rope_scaling`` pair."""
-    params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
-    params.setdefault("rope_theta", getattr(hf, "rope_theta", 10000.0))
-    params.setdefault("rope_type", params.get("type", "default"))
-    return params
-
-
-def _head_dim(hf: PretrainedConfig) -> int:
-    return getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-
-
 def _refuse_unsupported(hf: PretrainedConfig) -> None:
     unsupported = {
         "attention_bias": bool(getattr(hf, "attention_bias", False)),
@@ -108,13 +97,13 @@ def _decoder_config(
     qkv_bias: bool = False,
 ) -> Decoder.Config:
     _refuse_unsupported(hf)
-    dim, head_dim = hf.hidden_size, _head_dim(hf)
+    dim, head_size = hf.hidden_size, head_dim(hf)
 
     def attention() -> GQAttention.Config:
         config = make_gqa_config(
-            dim=dim, n_heads=hf.num_attention_heads, n_kv_heads=hf.num_key_value_heads, head_dim=head_dim,
+            dim=dim, n_heads=hf.num_attention_heads, n_kv_heads=hf.num_key_value_heads, head_dim=head_size,
             wqkv_param_init=_INIT, wo_param_init=_INIT, inner_attention=inner_attention(),
-            fuse_qkv=False, rope=rope, qk_norm=norm(head_dim) if qk_norm else None,
+            fuse_qkv=False, rope=rope, qk_norm=norm(head_size) if qk_norm else None,
         )
         if qkv_bias:
             qkv = config.qkv_linear
@@ -146,10 +135,10 @@ def _decoder_config(
 
 
 def _qwen_rope(hf: PretrainedConfig) -> CosSinRoPE.Config:
-    rope = _rope_parameters(hf)
+    rope = rope_parameters(hf)
     if rope["rope_type"] != "default":
         raise EngineConfigError(f"the torchtitan engine's {hf.model_type} model has no rope_type={rope['rope_type']!r} scaling")
-    return CosSinRoPE.Config(dim=_head_dim(hf), max_seq_len=hf.max_position_embeddings, theta=rope["rope_theta"])
+    return CosSinRoPE.Config(dim=head_dim(hf), max_seq_len=hf.max_position_embeddings, theta=rope["rope_theta"])
 
 
 def _qwen3(hf: PretrainedConfig, inner_attention: AttentionConfig) -> Decoder.Config:
@@ -182,12 +171,12 @@ _LLAMA_ROPE_SCALING: dict[str, tuple[str, dict[str, str]]] = {
 
 
 def _llama(hf: PretrainedConfig, inner_attention: AttentionConfig) -> Decoder.Config:
-    rope = _rope_parameters(hf)
+    rope = rope_parameters(hf)
     if rope["rope_type"] not in _LLAMA_ROPE_SCALING:
         raise EngineConfigError(f"the torchtitan engine's llama model has no rope_type={rope['rope_type']!r} scaling; "
                                 f"supported: {sorted(_LLAMA_ROPE_SCALING)}")
     scaling, keys = _LLAMA_ROPE_SCALING[rope["rope_type"]]
-    rope_config = ComplexRoPE.Config(dim=_head_dim(hf), max_seq_len=hf.max_position_embeddings, theta=rope["rope_theta"],
+    rope_config = ComplexRoPE.Config(dim=head_dim(hf), max_seq_len=hf.max_position_embeddings, theta=rope["rope_theta"],
                                      scaling=scaling, **{titan: rope[key] for titan, key in keys.items()})
     return _decoder_config(hf, Llama3Model, Llama3TransformerBlock, rope_config, inner_attention, qk_norm=False)
 

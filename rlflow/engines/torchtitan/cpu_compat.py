@@ -7,8 +7,8 @@ CPU; on CUDA none of this runs and torchtitan's own calls do.
   flex attention has no backward and varlen needs flash attention. The model config gets
   ``DenseMaskAttention`` as its inner attention instead of ``FlexAttention``
   (``torchtitan.models.common.attention``), and it takes, instead of the model's ``BlockMask``
-  (``Decoder.get_attention_masks``), ``document_causal_mask(positions)``: the same mask (causal, and a
-  document starts where the positions reset to 0, as in torchtitan's packed-document mask)
+  (``Decoder.get_attention_masks``), ``packing.document_causal_mask(positions)``: the same mask (causal,
+  and a document starts where the positions reset to 0, as in torchtitan's packed-document mask)
   as a dense boolean ``[B, 1, L, L]`` tensor, built with a few tensor ops rather than by
   evaluating a mask function per element; SDPA then applies it. Its cost grows with the square
   of the row, so on CPU the engine packs sequences into rows (``CPU_STREAM_ATTENTION``) instead
@@ -30,19 +30,10 @@ from torch import nn
 from torchtitan.distributed import parallel_dims as titan_parallel_dims
 from torchtitan.protocols.module import Module
 
-__all__ = ["CPU_STREAM_ATTENTION", "DenseMaskAttention", "cpu_device_type", "document_causal_mask"]
+__all__ = ["CPU_STREAM_ATTENTION", "DenseMaskAttention", "cpu_device_type"]
 
 # the packed layout for DenseMaskAttention: rows sized like sdpa's (packing.row_width), not one row
 CPU_STREAM_ATTENTION = "sdpa"
-
-
-def document_causal_mask(positions: torch.Tensor) -> torch.Tensor:
-    """``[B, 1, L, L]`` bool: query i may see key j when j <= i and both are in the same document."""
-    document = (positions == 0).cumsum(-1)
-    same_document = document[:, :, None] == document[:, None, :]
-    length = positions.shape[-1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=positions.device).tril()
-    return (same_document & causal).unsqueeze(1)
 
 
 class DenseMaskAttention(Module):

@@ -47,15 +47,11 @@ from rlflow.engines.common.fully_shard import clip_grad_norm, iter_full_tensors,
 from rlflow.engines.common.models import FORWARD_PREFIX, ForwardModule
 from rlflow.engines.common.module_engine import ModuleEngine
 from rlflow.engines.common.optimizers import clean_param_name
+from rlflow.engines.common.packing import document_causal_mask
 from rlflow.engines.config import EngineConfig, EngineConfigError
 from rlflow.engines.registry import EngineRegistry
 from rlflow.engines.torchtitan.architectures import AttentionConfig, TitanArchitecture, titan_architecture
-from rlflow.engines.torchtitan.cpu_compat import (
-    CPU_STREAM_ATTENTION,
-    DenseMaskAttention,
-    cpu_device_type,
-    document_causal_mask,
-)
+from rlflow.engines.torchtitan.cpu_compat import CPU_STREAM_ATTENTION, DenseMaskAttention, cpu_device_type
 from rlflow.engines.torchtitan.forward import TitanCausalLMForward
 from rlflow.models.hf_checkpoint import load_causal_lm, require_model_folder, resolve_dtype
 from rlflow.utils.device import resolve_device_type

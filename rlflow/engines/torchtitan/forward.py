@@ -5,7 +5,7 @@ the two model calls: the backbone is torchtitan's ``Decoder`` run with ``_skip_l
 output is the final-norm hidden states) and document masks built from ``position_ids`` (a
 sequence starts where the positions reset to 0, so packed rows and left padding both mask
 correctly): by the model itself (``get_attention_masks``, a flex ``BlockMask``) or, on CPU, by
-``cpu_compat.document_causal_mask``; the output embeddings are its ``lm_head``.
+``packing.document_causal_mask``; the output embeddings are its ``lm_head``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,113 @@
+"""Build this rank's pipeline stage of a megatron ``GPTModel`` from an HF folder, and its optimizer.
+
+``build_stage`` loads the HF model through rlflow's loader (the same path as every engine: a
+value model loaded from a causal-LM folder gets the same fresh, seeded score head), builds the
+``GPTModel`` stage (first stage: embeddings; last stage: final norm and output layer, or a value
+model's ``value_head`` instead of the output layer), and copies each parameter's shard from the
+HF weights (``weights.whole_from_hf`` then ``shard_of``).
+
+``GradBufferAdamW`` is AdamW over the gradients megatron's DDP keeps in its contiguous buffers
+(``param.main_grad``): a plain torch optimizer would see no ``.grad`` at all (PLATFORM.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from megatron.core.distributed import DistributedDataParallel as MegatronDDP
+from megatron.core.models.gpt import GPTModel
+from torch import nn
+from transformers import PretrainedConfig
+
+from rlflow.engines.common.hf_config import head_dim
+from rlflow.engines.common.models import ModelKind
+from rlflow.engines.megatron.architecture import ModelLayout, gpt_model_kwargs, layer_spec, padded_vocab_size
+from rlflow.engines.megatron.forward import StageForward
+from rlflow.engines.megatron.parallel import ParallelRanks
+from rlflow.engines.megatron.weights import AttentionShape, global_name, shard_of, whole_from_hf
+
+__all__ = ["GradBufferAdamW", "StagePlan", "attention_shape", "build_stage", "megatron_names"]
+
+MODEL_PREFIX = "module."  # StageForward holds the GPTModel as .module
+
+
+def attention_shape(hf: PretrainedConfig, layout: ModelLayout) -> AttentionShape:
+    """What the weight mapping needs from the HF config."""
+    return AttentionShape(
+        num_heads=hf.num_attention_heads, num_groups=hf.num_key_value_heads, head_dim=head_dim(hf),
+        vocab_size=hf.vocab_size, padded_vocab_size=padded_vocab_size(hf.vocab_size, layout),
+    )
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What one rank builds: the model config, layout, kind and where its layers start."""
+
+    hf: PretrainedConfig
+    layout: ModelLayout
+    value_model: bool
+    tied: bool  # the output layer is the input embeddings (causal LMs with tie_word_embeddings)
+    logprob_chunk_size: int
+
+    def layer_offset(self, stage: int) -> int:
+        return stage * self.layout.layers_per_stage(self.hf.num_hidden_layers)
+
+
+def megatron_names(stage: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``StageForward``'s parameters under megatron's local names (``decoder.layers.0...``, ``value_head.weight``)."""
+    return [(name.removeprefix(MODEL_PREFIX), param) for name, param in stage.named_parameters()]
+
+
+def build_stage(plan: StagePlan, config: Any, kind: ModelKind, hf_model: nn.Module, ranks: ParallelRanks,
+                dtype: torch.dtype) -> StageForward:
+    """This rank's ``StageForward`` with its shards of ``hf_model``'s weights (``config``: megatron's TransformerConfig)."""
+    gpt = GPTModel(
+        config=config, transformer_layer_spec=layer_spec(config), pre_process=ranks.is_first_stage,
+        post_process=ranks.is_last_stage, **gpt_model_kwargs(plan.hf, plan.layout, tie_output=plan.tied),
+    )
+    value_head = None
+    if plan.value_model and ranks.is_last_stage:
+        del gpt.output_layer  # a value model has a one-output score head instead of the vocabulary
+        gpt.output_layer = None
+        value_head = nn.Linear(plan.hf.hidden_size, 1, bias=False, dtype=dtype)
+    stage = StageForward(gpt, value_head=value_head, vocab_size=plan.hf.vocab_size,
+                         padding_idx=hf_model.get_input_embeddings().padding_idx, tp_rank=ranks.tp_rank,
+                         tp_group=ranks.tp_group, logprob_chunk_size=plan.logprob_chunk_size)
+    hf_state = hf_model.state_dict()
+    shape = attention_shape(plan.hf, plan.layout)
+    offset = plan.layer_offset(ranks.pp_rank)
+    with torch.no_grad():
+        for name, param in megatron_names(stage):
+            whole = whole_from_hf(global_name(name, offset), hf_state, shape, plan.tied)
+            param.copy_(shard_of(name, whole, ranks.tp_rank, ranks.tp_size))
+    return stage
+
+
+class GradBufferAdamW:
+    """AdamW (``optimizer``) stepping on megatron DDP's grad buffers; what ``OptimizerStepper`` drives."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, ddp: MegatronDDP) -> None:
+        self.optimizer, self.ddp = optimizer, ddp
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    def attach_grads(self) -> None:
+        """Point each parameter's ``.grad`` at its (reduced) ``main_grad`` for the clip and the step."""
+        for param in self.params:
+            param.grad = param.main_grad if param.main_grad.dtype == param.dtype else param.main_grad.to(param.dtype)
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+        self.ddp.zero_grad_buffer()
