@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SCRIPT = REPO / "recipes" / "demo.sh"
@@ -51,10 +52,11 @@ def run_demo_script(out: Path, knobs: dict[str, str]) -> str:
     return run_recipe(DEMO_SCRIPT, {**knobs, "DEMO_OUT": str(out)})
 
 
-def run_recipe(script: Path, env_vars: dict[str, str]) -> str:
-    """Run a recipe script with ``env_vars`` (this interpreter's bin first on PATH); return its output."""
+def run_recipe(script: Path, env_vars: dict[str, str], overrides: Sequence[str] = ()) -> str:
+    """Run a recipe script with ``env_vars`` (this interpreter's bin first on PATH) and extra Hydra ``overrides``;
+    return its output."""
     env = {**os.environ, **env_vars, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    result = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+    result = subprocess.run(["bash", str(script), *overrides], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=RUN_TIMEOUT_S)
     log = result.stdout + "\n--- stderr ---\n" + result.stderr
     assert result.returncode == 0, f"{script.name} exited {result.returncode}:\n{log[-6000:]}"

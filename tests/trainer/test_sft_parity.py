@@ -4,8 +4,9 @@ One SFT job (tiny preset, 2-digit addition, seed 0, 16 samples per step in micro
 4, fp32, sequence packing, 5 steps) runs through the real entry code (``run_sft`` with
 ``trainer.launcher=torchrun``) on each engine in ``EngineRegistry.names()``, world size 1 in
 the test process and world size 2 in one pair of spawned processes. Every loss curve must match the first engine's at world size 1
-within 1e-4 relative per step, and so must the torchtitan engine's at tensor parallel size 2
-(``LAYOUTS``; docs/sft.md explains the tolerance), and that reference curve
+within 1e-4 relative per step, and so must the torchtitan engine's at tensor parallel size 2 and the
+megatron engine's at tensor and at pipeline parallel size 2 (``LAYOUTS``; docs/sft.md explains the
+tolerance), and that reference curve
 must match a plain single-process PyTorch loop (HF model, padded batches, AdamW) written
 independently of the engines. The same job with LoRA (``LORA_RUNS``: rank 4 on every attention and
 MLP linear layer) runs on every engine with ``Capability.LORA`` at both world sizes and must match the
@@ -69,7 +70,11 @@ def job_overrides(assets: SFTAssets, engine: str, run_dir: Path) -> list[str]:
 
 
 # label -> (engine, extra overrides): layouts beyond data parallelism, run at world size 2
-LAYOUTS = {"torchtitan/tp2": ("torchtitan", ["engine.tensor_parallel_size=2"])}
+LAYOUTS = {
+    "torchtitan/tp2": ("torchtitan", ["engine.tensor_parallel_size=2"]),
+    "megatron/tp2": ("megatron", ["engine.tensor_model_parallel_size=2"]),
+    "megatron/pp2": ("megatron", ["engine.pipeline_model_parallel_size=2"]),  # 3 layers: stages of 2 and 1
+}
 RUNS = {**{engine: (engine, []) for engine in ENGINES}, **{k: v for k, v in LAYOUTS.items() if v[0] in ENGINES}}
 # LoRA (rank 4 on every attention and MLP linear layer) on each engine that has it, at both world sizes;
 # these curves are checked against a plain peft loop instead

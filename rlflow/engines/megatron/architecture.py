@@ -56,8 +56,15 @@ class ModelLayout:
     pipeline_parallel: int
     vocab_multiple: int  # the vocabulary is padded to a multiple of this times ``tensor_parallel``
 
-    def layers_per_stage(self, num_layers: int) -> int:
-        return num_layers // self.pipeline_parallel
+    def first_stage_layers(self, num_layers: int) -> int:
+        """Layers of the first stage: an equal share plus the remainder (the other stages get equal shares)."""
+        return num_layers // self.pipeline_parallel + num_layers % self.pipeline_parallel
+
+    def layer_offset(self, stage: int, num_layers: int) -> int:
+        """The global index of stage ``stage``'s first layer."""
+        if stage == 0:
+            return 0
+        return self.first_stage_layers(num_layers) + (stage - 1) * (num_layers // self.pipeline_parallel)
 
 
 def _family(hf: PretrainedConfig) -> Family:
@@ -85,9 +92,9 @@ def _refuse_unsupported(hf: PretrainedConfig, layout: ModelLayout) -> None:
     bad = [what for what, ok in divisible.items() if not ok]
     if bad:
         raise EngineConfigError(f"tensor_model_parallel_size={tp} must divide {', '.join(bad)}")
-    if hf.num_hidden_layers % pp != 0:
+    if hf.num_hidden_layers < pp:
         raise EngineConfigError(
-            f"pipeline_model_parallel_size={pp} must divide num_hidden_layers={hf.num_hidden_layers} (equal stages)"
+            f"pipeline_model_parallel_size={pp} is more stages than num_hidden_layers={hf.num_hidden_layers}"
         )
 
 
@@ -97,6 +104,10 @@ def transformer_config(
     """megatron's ``TransformerConfig`` for ``hf`` under ``layout`` (weights come from the checkpoint: no init)."""
     family = _family(hf)
     _refuse_unsupported(hf, layout)
+    uneven = hf.num_hidden_layers % layout.pipeline_parallel != 0  # the first stage takes the remainder
+    stages: dict[str, Any] = (
+        {"num_layers_in_first_pipeline_stage": layout.first_stage_layers(hf.num_hidden_layers)} if uneven else {}
+    )
     recompute: dict[str, Any] = (
         {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
         if gradient_checkpointing else {}
@@ -133,6 +144,7 @@ def transformer_config(
         apply_rope_fusion=False,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
+        **stages,
         **recompute,
     )
 

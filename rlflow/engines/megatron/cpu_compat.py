@@ -17,7 +17,10 @@ megatron call it serves:
   moves the tied output-layer copy with ``weight.data.cuda()`` before the all-reduce that makes it
   equal the first stage's embeddings (pipeline parallelism with tied embeddings);
 * the CUDA RNG tracker (``tensor_parallel.random``): ``model_parallel_cuda_manual_seed`` needs CUDA
-  generators, so on CPU the tracker is megatron's inference tracker (``fork()`` does nothing).
+  generators, so on CPU the tracker is megatron's inference tracker (``fork()`` does nothing), and
+  activation recomputation (``tensor_parallel.checkpoint``), which saves and restores the CPU and
+  CUDA RNG states around each recomputed layer, gets an empty CUDA state (``_get_cuda_rng_state``,
+  ``_set_cuda_rng_state``); the CPU state it keeps is the one dropout draws from here.
   Dropout then draws from each process's CPU generator; the engine refuses dropout under tensor
   parallelism on CPU, where TP peers would need identical draws (``cpu_rng_tracker``).
 """
@@ -34,6 +37,7 @@ __all__ = ["cpu_megatron", "cpu_rng_tracker"]
 
 _CPU = torch.device("cpu")
 _FACTORIES = ("zeros", "empty", "ones", "full", "tensor")
+_NO_CUDA_RNG = torch.empty(0, dtype=torch.uint8)
 
 
 def _is_cuda(device: Any) -> bool:
@@ -73,6 +77,8 @@ def cpu_megatron() -> Iterator[None]:
         patches.enter_context(_patched(torch.cuda, "synchronize", lambda *args, **kwargs: None))
         patches.enter_context(_patched(torch.cuda, "empty_cache", lambda: None))
         patches.enter_context(_patched(torch.Tensor, "cuda", _tensor_cuda))
+        patches.enter_context(_patched(megatron_random, "_get_cuda_rng_state", lambda *args, **kwargs: _NO_CUDA_RNG))
+        patches.enter_context(_patched(megatron_random, "_set_cuda_rng_state", lambda *args, **kwargs: None))
         for name in _FACTORIES:
             patches.enter_context(_patched(torch, name, _on_cpu(getattr(torch, name))))
         yield

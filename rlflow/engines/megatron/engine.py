@@ -265,9 +265,12 @@ class MegatronEngine(BaseEngine):
     ) -> Iterator[tuple[str, torch.Tensor]]:
         hf = AutoConfig.from_pretrained(model_files, local_files_only=True)
         entries = list(state)
-        value_model = any(key.endswith(".value_head.weight") for key, _ in entries)
+        value_model = any(".value_head." in key for key, _ in entries)
         tied = bool(hf.tie_word_embeddings) and not value_model
         shape = attention_shape(hf, ModelLayout(1, 1, 1))  # the export trims the padded vocabulary to the HF one
-        for name, whole in whole_tensors_from_checkpoint(entries, hf.num_hidden_layers):
+        def layer_offset(stage: int, stages: int) -> int:
+            return ModelLayout(1, stages, 1).layer_offset(stage, hf.num_hidden_layers)
+
+        for name, whole in whole_tensors_from_checkpoint(entries, layer_offset):
             if not (tied and name == _OUTPUT_LAYER):
                 yield from hf_from_whole(name, whole, shape)

@@ -27,6 +27,7 @@ from rlflow.engines.megatron.architecture import ModelLayout, gpt_model_kwargs, 
 from rlflow.engines.megatron.forward import StageForward
 from rlflow.engines.megatron.parallel import ParallelRanks
 from rlflow.engines.megatron.weights import AttentionShape, global_name, shard_of, whole_from_hf
+from rlflow.models.value_models import value_head as value_head_of
 
 __all__ = ["GradBufferAdamW", "StagePlan", "attention_shape", "build_stage", "megatron_names"]
 
@@ -52,7 +53,7 @@ class StagePlan:
     logprob_chunk_size: int
 
     def layer_offset(self, stage: int) -> int:
-        return stage * self.layout.layers_per_stage(self.hf.num_hidden_layers)
+        return self.layout.layer_offset(stage, self.hf.num_hidden_layers)
 
 
 def megatron_names(stage: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -71,7 +72,8 @@ def build_stage(plan: StagePlan, config: Any, kind: ModelKind, hf_model: nn.Modu
     if plan.value_model and ranks.is_last_stage:
         del gpt.output_layer  # a value model has a one-output score head instead of the vocabulary
         gpt.output_layer = None
-        value_head = nn.Linear(plan.hf.hidden_size, 1, bias=False, dtype=dtype)
+        hf_head = value_head_of(hf_model)  # a token-classification head has a bias, a sequence-classification one not
+        value_head = nn.Linear(plan.hf.hidden_size, 1, bias=hf_head.bias is not None, dtype=dtype)
     stage = StageForward(gpt, value_head=value_head, vocab_size=plan.hf.vocab_size,
                          padding_idx=hf_model.get_input_embeddings().padding_idx, tp_rank=ranks.tp_rank,
                          tp_group=ranks.tp_group, logprob_chunk_size=plan.logprob_chunk_size)

@@ -4,7 +4,8 @@ megatron-core keeps its tensor/pipeline/data-parallel groups in module globals
 (``parallel_state``), so every megatron engine in a process (an actor and its reference in one
 worker) uses one layout. ``join_model_parallel`` creates the groups on first use and reuses them
 for an engine with the same layout; a different layout replaces them only when no engine that
-used the old one is alive, and is otherwise refused in one line. The groups follow megatron's
+used the old one is alive, and is otherwise refused in one line. Groups made under a default process
+group that has since been destroyed and re-created (a test process running several jobs) are made anew. The groups follow megatron's
 default order: tensor-parallel ranks are adjacent, then data parallelism, then pipeline stages.
 """
 
@@ -23,6 +24,7 @@ from rlflow.engines.config import EngineConfigError
 __all__ = ["ParallelRanks", "join_model_parallel"]
 
 _USERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_MADE_UNDER: list[Any] = []  # the default process group the current megatron groups were made under
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ class ParallelRanks:
 def _current_layout() -> Optional[tuple[int, int]]:
     if not mpu.model_parallel_is_initialized():
         return None
+    if _MADE_UNDER != [dist.group.WORLD]:  # made under a process group that no longer exists
+        mpu.destroy_model_parallel()
+        return None
     return mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size()
 
 
@@ -82,6 +87,7 @@ def join_model_parallel(user: Any, tensor_parallel: int, pipeline_parallel: int)
         current = None
     if current is None:
         mpu.initialize_model_parallel(tensor_parallel, pipeline_parallel, create_gloo_process_groups=False)
+        _MADE_UNDER[:] = [dist.group.WORLD]
     _USERS.add(user)
     pp_group = mpu.get_pipeline_model_parallel_group()
     return ParallelRanks(

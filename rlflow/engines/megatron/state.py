@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -100,10 +100,10 @@ def _gather(param: torch.Tensor, whole_name: str, ranks: ParallelRanks) -> torch
 
 
 def whole_tensors_from_checkpoint(
-    state: Iterable[tuple[str, torch.Tensor]], num_layers: int
+    state: Iterable[tuple[str, torch.Tensor]], layer_offset: Callable[[int, int], int]
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(whole name, whole tensor)`` from a checkpoint's model state read on one process (``tp{t}.pp{p}.<name>``
-    keys of every shard), in stage order."""
+    keys of every shard); ``layer_offset(stage, stages)``: the global index of a stage's first layer."""
     shards: dict[tuple[int, str], dict[int, torch.Tensor]] = defaultdict(dict)
     for key, tensor in state:
         match = _PLACE.match(key)
@@ -112,6 +112,5 @@ def whole_tensors_from_checkpoint(
         tp, pp, name = int(match.group(1)), int(match.group(2)), match.group(3)
         shards[(pp, name)][tp] = tensor
     stages = 1 + max(pp for pp, _ in shards)
-    per_stage = num_layers // stages
     for (pp, name), by_rank in shards.items():
-        yield global_name(name, pp * per_stage), whole_of(name, [by_rank[t] for t in sorted(by_rank)])
+        yield global_name(name, layer_offset(pp, stages)), whole_of(name, [by_rank[t] for t in sorted(by_rank)])

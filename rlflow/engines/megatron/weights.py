@@ -18,7 +18,7 @@ rows (dim 1) for the output projection and fc2, nothing for norms; fc1 is split 
 separately (each rank holds ``[gate_r; up_r]``). Pipeline stages only rename layers
 (``stage_name`` / ``global_name``).
 
-A value model (critic) has ``value_head.weight`` where the HF classification model has ``score.weight``.
+A value model (critic) has ``value_head.{weight,bias}`` where the HF classification model has ``score.*``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ _LAYER_RENAMES = {
 }
 _TOP_RENAMES = {
     "decoder.final_layernorm.weight": "model.norm.weight",
-    "value_head.weight": "score.weight",
+    "value_head.weight": "score.weight",  # the llama/qwen2/qwen3 classification classes all call their head score
+    "value_head.bias": "score.bias",
 }
 _VOCAB = {"embedding.word_embeddings.weight": "model.embed_tokens.weight", "output_layer.weight": "lm_head.weight"}
 _QKV = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")

@@ -1,0 +1,55 @@
+"""RL through Ray on the megatron engine at tensor parallel size 2 (issue 14).
+
+* GRPO with the actor and the reference on megatron: two worker processes form one data-parallel group
+  of two TP ranks, so mesh dispatch sends each mini-batch to both and collects from TP rank 0; vLLM
+  samples, the TP-sharded weights are gathered and synced into it after every update, and the
+  train/inference log-prob mismatch stays at fp32 noise;
+* PPO with the critic on megatron too (a value head on the GPTModel, trained on GAE returns).
+
+The learning test (from the demo's SFT warm start, the demo's margin) is in tests/demo/test_grpo_learns.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import base_overrides, read_jsonl, run_main_ppo
+from transformers import AutoModelForCausalLM
+
+pytestmark = pytest.mark.timeout(900)
+MISMATCH_MEAN = 1e-4  # vLLM's sampling log-probs vs the trainer's, fp32 on both sides: the issue's bound
+TP2 = ["trainer.n_procs_per_node=2", "actor.engine=megatron", "actor.engine.tensor_model_parallel_size=2",
+       "actor.engine.optimizer.lr=1e-3", "trainer.total_training_steps=2", "trainer.resume_mode=disable", "rollout=vllm"]
+
+
+def test_grpo_with_megatron_at_tp2_trains_and_syncs(tiny_model, addition_data, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = base_overrides(tiny_model, addition_data, run_dir) + TP2 + [
+        "algorithm=grpo",
+        "ref.engine=megatron",
+        "ref.engine.tensor_model_parallel_size=2",
+        "actor.use_kl_loss=true",
+    ]
+    result = run_main_ppo(overrides)
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "actor/grad_norm" in r]
+    assert len(records) == 2 and all(r["actor/grad_norm"] > 0 for r in records)
+    print("vLLM vs trainer log-prob difference (mean, max) per step:",
+          [(r["rollout/logprob_diff_mean"], r["rollout/logprob_diff_max"]) for r in records])
+    assert all(r["weight_sync/mb"] > 0 and r["rollout/logprob_diff_mean"] <= MISMATCH_MEAN for r in records)
+    AutoModelForCausalLM.from_pretrained(run_dir / "hf")
+
+
+def test_ppo_with_the_critic_on_megatron_too(tiny_model, addition_data, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = base_overrides(tiny_model, addition_data, run_dir) + TP2 + [
+        "algorithm=ppo",
+        "critic.engine=megatron",
+        "critic.engine.tensor_model_parallel_size=2",
+        "critic.ppo_mini_batch_size=2",
+        "critic.engine.optimizer.lr=1e-3",
+    ]
+    result = run_main_ppo(overrides)
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "critic/grad_norm" in r]
+    assert len(records) == 2 and all(r["critic/grad_norm"] > 0 and r["actor/grad_norm"] > 0 for r in records)
+    assert records[0]["critic/vf_loss"] != records[1]["critic/vf_loss"]
