@@ -122,6 +122,9 @@ def test_value_engine(engine: str, two_rank: Path) -> None:
     assert set(saved["fresh_head"]) == {"score.weight", "score.bias"}
     for name, tensor in saved["expected_fresh_head"].items():
         assert torch.equal(saved["fresh_head"][name], tensor), name
+    # initialised, not left as whatever memory held (both sides come from the same process: equality alone
+    # would not see a loader that stopped initialising missing weights)
+    assert saved["fresh_head"]["score.weight"].abs().max() < 1.0 and saved["fresh_head"]["score.weight"].std() > 0
 
 
 # ---------------------------------------------------------------------------- optimizer steps

@@ -9,9 +9,11 @@ megatron call it serves:
   buffers (``tensor_parallel.mappings``), ``ColumnParallelLinear``'s weight placement, the p2p
   shape exchange (``pipeline_parallel.p2p_communication``) and DDP's grad buffers
   (``distributed.param_and_grad_buffer``);
-* a ``"cuda"`` device given to ``torch.zeros`` / ``empty`` / ``ones`` / ``full`` / ``tensor`` ->
-  the CPU: the schedules' ``total_num_tokens`` (``pipeline_parallel.schedules``) and DDP's
-  buffer warm-up tensor;
+* a ``"cuda"`` device given to a tensor factory (``torch.zeros`` ...) in megatron's schedules
+  (``pipeline_parallel.schedules``: ``total_num_tokens``) -> the CPU. Only that module's ``torch``
+  is replaced (by ``_CpuFactories``): patching ``torch.zeros`` itself would leak, since torch caches
+  the set of its factory functions (``torch.utils._device``) the first time a device context
+  needs it, and a wrapper cached there breaks ``with torch.device(...)`` for the whole process;
 * ``torch.cuda.synchronize`` / ``empty_cache`` -> no-ops (p2p communication, DDP);
 * ``Tensor.cuda()`` -> the tensor itself: ``LanguageModule.setup_embeddings_and_output_layer``
   moves the tied output-layer copy with ``weight.data.cuda()`` before the all-reduce that makes it
@@ -31,6 +33,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, Callable, Iterator
 
 import torch
+from megatron.core.pipeline_parallel import schedules as megatron_schedules
 from megatron.core.tensor_parallel import random as megatron_random
 
 __all__ = ["cpu_megatron", "cpu_rng_tracker"]
@@ -53,6 +56,14 @@ def _on_cpu(factory: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]
         return factory(*args, **kwargs)
 
     return build
+
+
+class _CpuFactories:
+    """The ``torch`` module as one megatron module sees it: its tensor factories put a ``"cuda"`` tensor on the CPU."""
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(torch, name)
+        return _on_cpu(value) if name in _FACTORIES else value
 
 
 @contextmanager
@@ -79,8 +90,7 @@ def cpu_megatron() -> Iterator[None]:
         patches.enter_context(_patched(torch.Tensor, "cuda", _tensor_cuda))
         patches.enter_context(_patched(megatron_random, "_get_cuda_rng_state", lambda *args, **kwargs: _NO_CUDA_RNG))
         patches.enter_context(_patched(megatron_random, "_set_cuda_rng_state", lambda *args, **kwargs: None))
-        for name in _FACTORIES:
-            patches.enter_context(_patched(torch, name, _on_cpu(getattr(torch, name))))
+        patches.enter_context(_patched(megatron_schedules, "torch", _CpuFactories()))
         yield
 
 

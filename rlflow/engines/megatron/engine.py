@@ -122,15 +122,15 @@ class MegatronEngine(BaseEngine):
     def initialize(self) -> None:
         cfg = self.config
         self.device, self.rank, self.world_size = join_process_group(cfg.device)
+        set_seed(cfg.seed)  # identical on every rank: a fresh value head agrees
+        hf_model = self.kind.load(self.model_path, dtype=cfg.dtype, attn_implementation="sdpa",
+                                  trust_remote_code=cfg.trust_remote_code)
         with self._megatron():
             self.ranks = join_model_parallel(self, self.layout.tensor_parallel, self.layout.pipeline_parallel)
             if self.on_cpu:
                 cpu_rng_tracker()
             else:
                 tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
-            set_seed(cfg.seed)  # identical on every rank: a fresh value head agrees
-            hf_model = self.kind.load(self.model_path, dtype=cfg.dtype, attn_implementation="sdpa",
-                                      trust_remote_code=cfg.trust_remote_code)
             stage = build_stage(self.plan, self.transformer_config, self.kind, hf_model, self.ranks, self.dtype)
             del hf_model
             stage.to(self.device)
