@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict

@@ -270,7 +270,7 @@ def test_registering_a_new_engine() -> None:
     assert issubclass(ToyEngine, BaseEngine)
 
 
-@pytest.mark.parametrize("name", ["fsdp", "fsdp2", "torchtitan"])
+@pytest.mark.parametrize("name", ["fsdp", "fsdp2", "megatron", "torchtitan"])
 def test_engine_yaml_is_valid_and_documented(name: str) -> None:
     from hydra import compose, initialize_config_dir
 
@@ -291,7 +291,7 @@ def test_engine_yaml_is_valid_and_documented(name: str) -> None:
 
 @pytest.mark.parametrize("option,config_class", [("base", EngineConfig), ("hf_module", HFModuleEngineConfig)])
 def test_common_engine_yaml_layers_match_their_dataclasses(option: str, config_class: type) -> None:
-    """base.yaml alone is a complete EngineConfig (what a Megatron YAML composes); hf_module.yaml adds the HF keys."""
+    """base.yaml alone is a complete EngineConfig (what megatron.yaml composes); hf_module.yaml adds the HF keys."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(CONFIG_DIR, version_base=None):

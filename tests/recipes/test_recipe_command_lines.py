@@ -9,7 +9,6 @@ a recipe fails here. Training through the CPU recipes is covered by the demo tes
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path

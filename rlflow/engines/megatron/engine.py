@@ -131,7 +131,7 @@ class MegatronEngine(BaseEngine):
                 cpu_rng_tracker()
             else:
                 tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
-            stage = build_stage(self.plan, self.transformer_config, self.kind, hf_model, self.ranks, self.dtype)
+            stage = build_stage(self.plan, self.transformer_config, hf_model, self.ranks, self.dtype)
             del hf_model
             stage.to(self.device)
             ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False)

@@ -13,7 +13,7 @@ HF weights (``weights.whole_from_hf`` then ``shard_of``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from megatron.core.distributed import DistributedDataParallel as MegatronDDP
@@ -22,7 +22,6 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from rlflow.engines.common.hf_config import head_dim
-from rlflow.engines.common.models import ModelKind
 from rlflow.engines.megatron.architecture import ModelLayout, gpt_model_kwargs, layer_spec, padded_vocab_size
 from rlflow.engines.megatron.forward import StageForward
 from rlflow.engines.megatron.parallel import ParallelRanks
@@ -44,7 +43,7 @@ def attention_shape(hf: PretrainedConfig, layout: ModelLayout) -> AttentionShape
 
 @dataclass(frozen=True)
 class StagePlan:
-    """What one rank builds: the model config, layout, kind and where its layers start."""
+    """What every rank builds its stage from: the HF config, the layout, causal LM or value model, tied embeddings."""
 
     hf: PretrainedConfig
     layout: ModelLayout
@@ -61,7 +60,7 @@ def megatron_names(stage: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(name.removeprefix(MODEL_PREFIX), param) for name, param in stage.named_parameters()]
 
 
-def build_stage(plan: StagePlan, config: Any, kind: ModelKind, hf_model: nn.Module, ranks: ParallelRanks,
+def build_stage(plan: StagePlan, config: Any, hf_model: nn.Module, ranks: ParallelRanks,
                 dtype: torch.dtype) -> StageForward:
     """This rank's ``StageForward`` with its shards of ``hf_model``'s weights (``config``: megatron's TransformerConfig)."""
     gpt = GPTModel(

@@ -34,7 +34,7 @@ from rlflow.engines.base import LossFn
 from rlflow.engines.common.forward_backward import check_batch
 from rlflow.engines.common.loss_scaling import GlobalCounts, global_counts, global_loss
 from rlflow.engines.common.micro_batching import plan_micro_batches
-from rlflow.engines.common.packing import TokenStream, make_token_stream
+from rlflow.engines.common.packing import TokenStream
 from rlflow.engines.config import EngineConfig
 from rlflow.engines.megatron.parallel import ParallelRanks
 from rlflow.protocol import DataProto

@@ -16,7 +16,7 @@ output layer) padded to the padded vocabulary; norms under megatron's names. who
 the tensor-parallel dimension of each weight: columns (dim 0) for qkv, fc1 and the vocabulary,
 rows (dim 1) for the output projection and fc2, nothing for norms; fc1 is split as gate and up
 separately (each rank holds ``[gate_r; up_r]``). Pipeline stages only rename layers
-(``stage_name`` / ``global_name``).
+(``global_name``).
 
 A value model (critic) has ``value_head.{weight,bias}`` where the HF classification model has ``score.*``.
 """
@@ -34,7 +34,6 @@ __all__ = [
     "global_name",
     "hf_from_whole",
     "shard_of",
-    "stage_name",
     "tensor_parallel_dim",
     "whole_from_hf",
     "whole_of",
@@ -110,14 +109,8 @@ def whole_of(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(shards, dim=dim)
 
 
-def stage_name(name: str, layer_offset: int) -> str:
-    """A whole (global) name as the pipeline stage whose first layer is ``layer_offset`` names it."""
-    match = _LAYER.match(name)
-    return f"decoder.layers.{int(match.group(1)) - layer_offset}.{match.group(2)}" if match else name
-
-
 def global_name(name: str, layer_offset: int) -> str:
-    """A stage's local name with the global layer index."""
+    """A stage's local name with the global layer index (``layer_offset``: the stage's first layer)."""
     match = _LAYER.match(name)
     return f"decoder.layers.{int(match.group(1)) + layer_offset}.{match.group(2)}" if match else name
 

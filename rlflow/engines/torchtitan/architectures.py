@@ -24,7 +24,7 @@ every one of them is then overwritten by the checkpoint.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Callable
 
 from torch import nn
 from torchtitan.models.common import ComplexRoPE, CosSinRoPE, Embedding, Linear, RoPE

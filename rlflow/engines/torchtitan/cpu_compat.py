@@ -26,7 +26,6 @@ from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torchtitan.distributed import parallel_dims as titan_parallel_dims
 from torchtitan.protocols.module import Module
 
