@@ -5,8 +5,9 @@ The run is the GRPO phase of the reduced ``recipes/demo.sh`` (the ``demo`` fixtu
 ``conftest.py``, which calls that recipe), seeded end to end (data, init, sampling, engine).
 The same recipe with ``ENGINE=torchtitan`` (actor and reference on torchtitan, weights synced
 into vLLM after every update) must gain the same margin from the same warm start in as many steps.
-With ``ENGINE=megatron`` at tensor parallel size 2 (two worker processes, one data-parallel group)
-it must gain that margin too (issue 14; the ``full`` tier: two workers sample and train at half speed).
+With ``ENGINE=megatron`` at tensor parallel size 2 (two worker processes, one data-parallel group
+of two TP ranks, weights gathered from both and synced into vLLM) it must gain that margin too, with
+the train/inference log-prob mismatch at fp32 noise (issue 14).
 ``recipes/grpo_lora_tiny_cpu.sh`` (LoRA adapters on the FSDP2 actor, the reference from its
 disabled adapters, merged weights synced into vLLM) must gain at least half of what the full
 fine-tuning run gained, from the same warm start in as many steps (issue 19).
@@ -36,7 +37,6 @@ def test_grpo_on_the_torchtitan_engine_learns_as_much(demo, tmp_path):
     assert_learns(read_metrics(out))
 
 
-@pytest.mark.full
 def test_grpo_on_the_megatron_engine_at_tp2_learns_as_much(demo, tmp_path):
     out = tmp_path / "grpo_megatron_tp2"
     env = {"MODEL": str(demo.out / "sft" / "hf"), "DATA": str(demo.out / "data"), "OUT": str(out),
@@ -45,6 +45,7 @@ def test_grpo_on_the_megatron_engine_at_tp2_learns_as_much(demo, tmp_path):
            "ref.engine.tensor_model_parallel_size=2"]
     run_recipe(REPO / "recipes" / "grpo_tiny_cpu.sh", env, tp2)
     records = read_metrics(out)
+    print("megatron TP=2 val accuracy:", [round(r[VAL_ACCURACY], 3) for r in records if VAL_ACCURACY in r])
     assert_learns(records)
     mismatch = [r["rollout/logprob_diff_mean"] for r in records if "rollout/logprob_diff_mean" in r]
     assert mismatch and max(mismatch) <= 1e-4, f"train/inference log-prob mismatch {max(mismatch):.2e} is above fp32 noise"

@@ -6,6 +6,7 @@ parallelism: parity with plain PyTorch, accumulation, value model, checkpoints, 
   embeddings), and at TP=1 and TP=2 x PP=2 for a Llama and a Qwen3 preset (q/k norms); packed and
   padded rows; a packed batch equals each sequence run alone;
 * only TP rank 0 of the last pipeline stage collects, one per data-parallel group;
+* a value model (a fresh score head on a Llama folder) at TP=2 x PP=2 gives transformers' values;
 * **Export.** ``save_hf`` after training at TP=2 x PP=2 loads into ``AutoModelForCausalLM`` with the
   engine's log-probs, and ``export_hf_weights`` is what loads;
 * **Resume.** At TP=2 the 3 steps after a checkpoint give bit-identical losses, grad norms and weights
@@ -24,10 +25,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine_testlib import engine_config, make_batch, new_engine, nll_token_mean, reference_token_stats, spawn
+from engine_testlib import (
+    engine_config,
+    make_batch,
+    new_engine,
+    nll_token_mean,
+    position_ids_of,
+    reference_token_stats,
+    spawn,
+)
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.engines import EngineConfigError, build_engine
 from rlflow.models.presets import build_preset
+from rlflow.models.value_models import load_value_model
 
 ATOL = 1e-4  # fp32, same weights, different kernels and reduction orders: measured differences are ~1e-6
 LAYOUTS = {"tiny-qwen2": [(1, 1), (2, 1), (1, 2), (2, 2)], "tiny-llama": [(1, 1), (2, 2)], "tiny-qwen3": [(1, 1), (2, 2)]}
@@ -58,6 +68,11 @@ def layout_suite(rank: int, world_size: int, models: dict[str, Path], out_dir: P
                 results[(preset, "alone")] = torch.cat(rows) if rows[0] is not None else None
             del engine
             gc.collect()
+    critic = new_engine(_config(2, 2, micro_batch_size=3), models["tiny-llama"], kind="value")
+    values, _ = critic.forward_backward(batch, forward_only=True)
+    results["values"] = values.batch["values"] if critic.mesh.is_collect else None
+    del critic
+    gc.collect()
     engine = new_engine(_config(2, 2, micro_batch_size=4), models["tiny-qwen2"])
     for seed in (40, 41):
         engine.forward_backward(make_batch(seed), nll_token_mean)
@@ -161,6 +176,20 @@ def test_only_tp_rank_0_of_the_last_stage_collects(layouts) -> None:
     assert as_tuples[(2, 1)] == [(0, 2, True), (0, 2, False), (1, 2, True), (1, 2, False)]
     assert as_tuples[(1, 2)] == [(0, 2, False), (1, 2, False), (0, 2, True), (1, 2, True)]
     assert as_tuples[(2, 2)] == [(0, 1, False), (0, 1, False), (0, 1, True), (0, 1, False)]
+
+
+def test_a_value_model_at_tp2_pp2_matches_transformers(models, layouts) -> None:
+    """A critic started from a causal-LM folder: the engine's seeded fresh head, as rlflow's loader draws it."""
+    results, _ = layouts
+    batch = make_batch(seed=5)
+    torch.manual_seed(0)  # the engine's seed: both draw the same fresh score head
+    model = load_value_model(models["tiny-llama"])
+    ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"]
+    with torch.no_grad():
+        hidden = model.model(ids, attention_mask=mask, position_ids=position_ids_of(mask)).last_hidden_state
+        expected = model.score(hidden).squeeze(-1) * mask
+    diff = (results["values"] * mask - expected).abs().max().item()
+    assert diff <= ATOL, f"TP=2 x PP=2 values differ from transformers' by {diff:.2e}"
 
 
 def test_export_from_tp2_pp2_loads_in_transformers(models, layouts) -> None:

@@ -99,9 +99,10 @@ def _refuse_unsupported(hf: PretrainedConfig, layout: ModelLayout) -> None:
 
 
 def transformer_config(
-    hf: PretrainedConfig, layout: ModelLayout, dtype: torch.dtype, gradient_checkpointing: bool
+    hf: PretrainedConfig, layout: ModelLayout, dtype: torch.dtype, gradient_checkpointing: bool, fused_swiglu: bool
 ) -> TransformerConfig:
-    """megatron's ``TransformerConfig`` for ``hf`` under ``layout`` (weights come from the checkpoint: no init)."""
+    """megatron's ``TransformerConfig`` for ``hf`` under ``layout`` (weights come from the checkpoint: no init);
+    ``fused_swiglu``: megatron's fused SwiGLU (``bias_activation_fusion``, compiled by ``torch.compile``)."""
     family = _family(hf)
     _refuse_unsupported(hf, layout)
     uneven = hf.num_hidden_layers % layout.pipeline_parallel != 0  # the first stage takes the remainder
@@ -138,7 +139,7 @@ def transformer_config(
         moe_token_dispatcher_type="alltoall",  # no experts here; the config refuses the default with variable lengths
         use_cpu_initialization=True,
         perform_initialization=False,  # every weight is overwritten by the checkpoint's
-        bias_activation_fusion=False,
+        bias_activation_fusion=fused_swiglu,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
         apply_rope_fusion=False,

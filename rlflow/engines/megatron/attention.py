@@ -23,7 +23,7 @@ __all__ = ["MaskedSDPAttention"]
 
 
 class MaskedSDPAttention(MegatronModule):
-    """Core attention under a given boolean mask (True = may attend), by ``F.scaled_dot_product_attention``.
+    """Core attention under a given boolean mask (True = may attend; None: causal), by ``F.scaled_dot_product_attention``.
 
     Takes ``DotProductAttention``'s place in the local layer spec. Inputs are megatron's
     ``[s, b, heads, head_dim]`` query / key / value with this rank's heads (key and value with its
@@ -53,12 +53,12 @@ class MaskedSDPAttention(MegatronModule):
         attention_bias: Any = None,
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
-        if attention_mask is None or attention_bias is not None or packed_seq_params is not None:
-            raise ValueError("MaskedSDPAttention needs a boolean attention mask and takes no bias or packed params")
+        if attention_bias is not None or packed_seq_params is not None:
+            raise ValueError("MaskedSDPAttention takes no attention bias or packed-sequence parameters")
         q, k, v = (tensor.permute(1, 2, 0, 3) for tensor in (query, key, value))  # [b, heads, s, d]
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attention_mask, dropout_p=self.dropout if self.training else 0.0,
-            scale=self.softmax_scale, enable_gqa=q.shape[1] != k.shape[1],
+            q, k, v, attn_mask=attention_mask, is_causal=attention_mask is None,
+            dropout_p=self.dropout if self.training else 0.0, scale=self.softmax_scale, enable_gqa=q.shape[1] != k.shape[1],
         )
         seq, batch = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(seq, batch, -1)

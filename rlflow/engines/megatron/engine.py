@@ -77,6 +77,7 @@ class MegatronEngineConfig(EngineConfig):
     pipeline_model_parallel_size: int = 1  # PP degree: equal stages of layers; data parallel = world / (TP x PP)
     make_vocab_size_divisible_by: int = 128  # the vocabulary is padded to a multiple of this x TP (megatron's rule)
     logprob_chunk_size: int = 1024  # tokens per chunk when computing log-probs (bounds the fp32 logits shard)
+    bias_activation_fusion: bool = True  # megatron's fused SwiGLU (torch.compile; needs a C++ compiler on CPU)
 
     def range_checks(self) -> dict[str, bool]:
         return {
@@ -108,7 +109,8 @@ class MegatronEngine(BaseEngine):
         value_model = model_kind == "value"
         self.plan = StagePlan(hf, self.layout, value_model, tied=bool(hf.tie_word_embeddings) and not value_model,
                               logprob_chunk_size=config.logprob_chunk_size)
-        self.transformer_config = transformer_config(hf, self.layout, self.dtype, config.gradient_checkpointing)
+        self.transformer_config = transformer_config(hf, self.layout, self.dtype, config.gradient_checkpointing,
+                                                     config.bias_activation_fusion)
         if self.on_cpu and self.layout.tensor_parallel > 1 and self.transformer_config.attention_dropout > 0:
             raise EngineConfigError(
                 f"attention_dropout={self.transformer_config.attention_dropout} under tensor parallelism needs megatron's "

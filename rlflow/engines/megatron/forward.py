@@ -4,8 +4,9 @@
 
 * rows of a ``TokenStream`` (several sequences packed back to back, or padded rows) go in as
   megatron's ``[s, b]`` layout; each layer attends under the block-causal document mask
-  (``packing.document_causal_mask``) with rotary positions taken per token from ``position_ids``
-  (``per_token_rotary``), so every sequence sees only itself and starts at position 0;
+  (``packing.document_causal_mask``; plain causal attention when every row is one sequence) with
+  rotary positions taken per token from ``position_ids`` (``per_token_rotary``), so every
+  sequence sees only itself and starts at position 0;
 * a stage that is not the first takes its input from the previous stage (the schedule's
   ``set_input_tensor``), and a stage that is not the last returns its hidden states for the next;
 * the last stage turns the final hidden states into per-token outputs: log-probs (and entropy)
@@ -29,7 +30,7 @@ from rlflow.engines.common.logprob import chunked_log_probs
 from rlflow.engines.common.models import place_targets
 from rlflow.engines.common.packing import TokenStream, document_causal_mask
 
-__all__ = ["StageForward", "per_token_rotary", "vocab_parallel_log_probs"]
+__all__ = ["StageForward", "attention_mask", "per_token_rotary", "vocab_parallel_log_probs"]
 
 _LEFT_OUT = -1e30  # the logit of a padding column of the vocabulary
 
@@ -38,6 +39,15 @@ def per_token_rotary(model: GPTModel, position_ids: torch.Tensor) -> torch.Tenso
     """Rotary angles ``[s, b, 1, head_dim]`` for the ``[b, s]`` positions (megatron's own table, indexed per token)."""
     table = model.rotary_pos_emb(int(position_ids.max()) + 1)  # [positions, 1, 1, head_dim]
     return table[:, 0].index_select(0, position_ids.t().reshape(-1)).reshape(*position_ids.t().shape, 1, -1)
+
+
+def attention_mask(position_ids: torch.Tensor) -> Optional[torch.Tensor]:
+    """The block-causal document mask of ``[b, s]`` rows, or None when every row is one sequence from position 0
+    (plain causal attention, which SDPA runs without a mask: its fastest kernel)."""
+    single = torch.arange(position_ids.shape[-1], device=position_ids.device)
+    if bool((position_ids == single).all()):
+        return None
+    return document_causal_mask(position_ids)
 
 
 def vocab_parallel_log_probs(
@@ -106,7 +116,7 @@ class StageForward(nn.Module):
         hidden = self._embed(stream.input_ids) if model.pre_process else None
         hidden = model.decoder(
             hidden_states=hidden,
-            attention_mask=document_causal_mask(positions),
+            attention_mask=attention_mask(positions),
             rotary_pos_emb=per_token_rotary(model, positions),
         )
         if not model.post_process:
