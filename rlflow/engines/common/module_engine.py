@@ -1,6 +1,6 @@
 """``ModuleEngine``: the engine body shared by data-parallel engines that shard one torch module.
 
-It is a composition of the shared helpers (``hf_module``: loading, micro-batch forward
+It is a composition of the shared helpers (``delegating_engine``: modes, zero_grad, offload; ``hf_module``: loading, micro-batch forward
 and HF names; ``forward_backward``: the micro-batch loop; ``optimizer_step``;
 ``offload``; ``checkpointing``; ``hf_export``) around the hooks at the bottom of the
 class, which are all a sharding engine (FSDP, FSDP2, ...) implements. The model hooks
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rlflow.engines.base import BaseEngine, Capability, EngineMesh, LossFn
+from rlflow.engines.base import Capability, EngineMesh, LossFn
 from rlflow.engines.common.checkpointing import (
     EngineCheckpointer,
     load_module_state,
@@ -28,6 +28,7 @@ from rlflow.engines.common.checkpointing import (
     save_module_state,
     setup_meta,
 )
+from rlflow.engines.common.delegating_engine import DelegatingEngine
 from rlflow.engines.common.distributed import join_process_group
 from rlflow.engines.common.forward_backward import run_forward_backward
 from rlflow.engines.common.hf_export import save_hf_from_export, write_from_export, write_peft_adapter_folder
@@ -35,7 +36,6 @@ from rlflow.engines.common.hf_module import forward_micro_batch, hf_named_tensor
 from rlflow.engines.common.lora import ADAPTER_CONFIG_FILE, LoraAdapters, adapters_disabled, is_adapter_param
 from rlflow.engines.common.lora_export import adapter_tensors, merged_lora_tensors
 from rlflow.engines.common.models import ForwardModule, get_model_kind
-from rlflow.engines.common.modes import module_mode
 from rlflow.engines.common.offload import HostOffload
 from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.engines.common.optimizers import build_adamw, move_optimizer_state, no_decay_names
@@ -45,7 +45,7 @@ from rlflow.protocol import DataProto
 __all__ = ["ModuleEngine"]
 
 
-class ModuleEngine(BaseEngine):
+class ModuleEngine(DelegatingEngine):
     """Shared implementation of ``BaseEngine`` for engines whose model is one data-parallel-sharded module."""
 
     config_class = HFModuleEngineConfig
@@ -84,10 +84,6 @@ class ModuleEngine(BaseEngine):
         reshard = Capability.RESHARD in self.capabilities
         self.checkpointer = EngineCheckpointer(setup, self.stepper, self.rank, self.group, reshard, cfg.seed)
 
-    def _require_initialized(self) -> None:
-        if self.module is None:
-            raise RuntimeError(f"{type(self).__name__} is not initialized; call initialize() first")
-
     @property
     def mesh(self) -> EngineMesh:
         self._require_initialized()
@@ -109,26 +105,6 @@ class ModuleEngine(BaseEngine):
         self._require_initialized()
         with self.offloader.resident():
             return self.stepper.step(lr, hyperparams)
-
-    def zero_grad(self) -> None:
-        self._require_initialized()
-        self.stepper.zero_grad()
-
-    def train_mode(self) -> AbstractContextManager[None]:
-        self._require_initialized()
-        return module_mode([self.module], True)
-
-    def eval_mode(self) -> AbstractContextManager[None]:
-        self._require_initialized()
-        return module_mode([self.module], False)
-
-    def offload(self) -> None:
-        self._require_initialized()
-        self.offloader.offload()
-
-    def onload(self) -> None:
-        self._require_initialized()
-        self.offloader.onload()
 
     def save_checkpoint(self, path: str | Path) -> None:
         self._require_initialized()

@@ -39,12 +39,12 @@ from megatron.core.distributed import DistributedDataParallel as MegatronDDP
 from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
 from transformers import AutoConfig
 
-from rlflow.engines.base import BaseEngine, Capability, EngineMesh, LossFn
+from rlflow.engines.base import Capability, EngineMesh, LossFn
 from rlflow.engines.common.checkpointing import MODEL_OPTIM_DIR, EngineCheckpointer, save_model_files, setup_meta
+from rlflow.engines.common.delegating_engine import DelegatingEngine
 from rlflow.engines.common.distributed import join_process_group
 from rlflow.engines.common.hf_export import save_hf_from_export
 from rlflow.engines.common.models import get_model_kind
-from rlflow.engines.common.modes import module_mode
 from rlflow.engines.common.offload import HostOffload
 from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.engines.common.optimizers import build_adamw, move_optimizer_state
@@ -90,7 +90,7 @@ class MegatronEngineConfig(EngineConfig):
 
 
 @EngineRegistry.register("megatron")
-class MegatronEngine(BaseEngine):
+class MegatronEngine(DelegatingEngine):
     """megatron-core ``GPTModel`` engine: tensor, pipeline and data parallelism, causal LMs and value models."""
 
     config_class = MegatronEngineConfig
@@ -157,10 +157,6 @@ class MegatronEngine(BaseEngine):
         self.checkpointer = EngineCheckpointer(setup_meta(cfg.name, self.model_kind, self.world_size, layout),
                                                self.stepper, self.rank, None, seed=cfg.seed)
 
-    def _require_initialized(self) -> None:
-        if self.module is None:
-            raise RuntimeError(f"{type(self).__name__} is not initialized; call initialize() first")
-
     @property
     def mesh(self) -> EngineMesh:
         """Data-parallel coordinates from megatron's groups; TP rank 0 of the last pipeline stage collects."""
@@ -189,10 +185,6 @@ class MegatronEngine(BaseEngine):
             self.optimizer.attach_grads()
             return self.stepper.step(lr, hyperparams)
 
-    def zero_grad(self) -> None:
-        self._require_initialized()
-        self.stepper.zero_grad()
-
     def _clip_grad_norm(self, max_norm: float) -> float:
         """The global gradient norm (``norm_params``), reduced over the tensor- and pipeline-parallel ranks;
         clipped as ``torch.nn.utils.clip_grad_norm_`` clips."""
@@ -208,23 +200,7 @@ class MegatronEngine(BaseEngine):
                     param.grad.mul_(scale)
         return norm
 
-    def train_mode(self) -> AbstractContextManager[None]:
-        self._require_initialized()
-        return module_mode([self.module], True)
-
-    def eval_mode(self) -> AbstractContextManager[None]:
-        self._require_initialized()
-        return module_mode([self.module], False)
-
     # ------------------------------------------------------------------ placement
-    def offload(self) -> None:
-        self._require_initialized()
-        self.offloader.offload()
-
-    def onload(self) -> None:
-        self._require_initialized()
-        self.offloader.onload()
-
     def _move_params(self, device: torch.device) -> None:
         """Parameters only: megatron DDP's grad buffers stay where they are (docs/engines.md)."""
         self.stage.to(device)
