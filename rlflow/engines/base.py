@@ -157,6 +157,13 @@ class BaseEngine(abc.ABC):
         if problems:
             raise EngineConfigError(f"engine {config.name!r} does not support {'; '.join(problems)}")
 
+    @classmethod
+    def check_model(cls, config: EngineConfig, model_path: str | Path, model_kind: str, world_size: int) -> None:
+        """Raise ``EngineConfigError`` (one line) when this engine cannot run the model folder ``model_path`` on
+        ``world_size`` ranks: a model it cannot build, or a parallel layout the model or the world cannot be
+        split by. The drivers call it for every role's engine before any worker starts (the worker would
+        otherwise find out after Ray has started); the default checks nothing."""
+
     @abc.abstractmethod
     def initialize(self) -> None:
         """Load the model from ``model_path``, wrap it for parallelism, build optimizer and LR schedule."""

@@ -15,7 +15,7 @@ from rlflow.engines.base import BaseEngine
 from rlflow.engines.config import EngineConfig, EngineConfigError, config_from_mapping
 from rlflow.utils.registry import PackageDiscovery, Registry
 
-__all__ = ["ENGINE_INFRASTRUCTURE", "EngineRegistry", "build_engine", "get_engine_cls"]
+__all__ = ["ENGINE_INFRASTRUCTURE", "EngineRegistry", "build_engine", "check_engine_model", "get_engine_cls"]
 
 # Modules and packages of rlflow/engines that are shared machinery, not engines.
 ENGINE_INFRASTRUCTURE = ("base", "config", "registry", "common")
@@ -43,3 +43,13 @@ def build_engine(
         raise EngineConfigError(f"engine config needs a 'name'; registered engines: {', '.join(EngineRegistry.names())}")
     engine_cls = get_engine_cls(str(name))
     return engine_cls(config_from_mapping(engine_cls.config_class, config), model_path, model_kind)
+
+
+def check_engine_model(
+    config: EngineConfig | Mapping[str, Any], model_path: str | Path, model_kind: str, world_size: int
+) -> None:
+    """``BaseEngine.check_model`` of the engine ``config`` names (its config validated first): before any worker
+    starts, whether the engine can run ``model_path`` on ``world_size`` ranks (``EngineConfigError`` if not)."""
+    name = config.name if isinstance(config, EngineConfig) else (config or {}).get("name")
+    engine_cls = get_engine_cls(str(name))
+    engine_cls.check_model(config_from_mapping(engine_cls.config_class, config), model_path, model_kind, world_size)

@@ -22,6 +22,7 @@ from rlflow.roles.reference import Reference
 from rlflow.roles.reward_model import RewardModel
 from rlflow.roles.rollout_worker import RolloutWorker
 from rlflow.rollout import syncs_adapters
+from rlflow.trainer.engine_checks import check_engine_fits
 from rlflow.trainer.timeouts import group_timeouts
 from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
 
@@ -91,6 +92,20 @@ def check_role_model_folders(config: Any, use_critic: bool) -> None:
     for key, path in folders.items():
         if path:
             check_model_folder(key, path)
+
+
+def check_role_engines(config: Any, model_path: Path, use_ref: bool, use_critic: bool, world_size: int) -> None:
+    """Each role's engine can run its model on the ``world_size`` worker processes (``check_engine_fits``), before Ray."""
+    reward_model = config.reward.reward_model
+    roles = {  # engine mount -> (model folder, model kind), for the roles this run builds
+        "actor.engine": (model_path, "causal_lm"),
+        "ref.engine": (model_path, "causal_lm") if use_ref and not reference_is_base_model(config.actor) else None,
+        "critic.engine": (config.critic.model.path or model_path, "value") if use_critic else None,
+        "reward.reward_model.engine": (reward_model.path or model_path, "value") if reward_model.enable else None,
+    }
+    for mount, role in roles.items():
+        if role is not None:
+            check_engine_fits(config, mount, *role, world_size)
 
 
 def _critic_spec(config: Any, model_path: Path) -> WorkerSpec:

@@ -32,7 +32,7 @@ from rlflow.trainer.batch_balance import balance_batch
 from rlflow.trainer.checkpoint import CheckpointManager
 from rlflow.trainer.divergence import DivergenceGuard
 from rlflow.trainer.old_log_probs import in_batch_order, recompute_reason
-from rlflow.trainer.placement import PlacedRoles, check_role_model_folders, place_roles
+from rlflow.trainer.placement import PlacedRoles, check_role_engines, check_role_model_folders, place_roles
 from rlflow.trainer.ppo_metrics import data_metrics, throughput_metrics, validation_metrics
 from rlflow.trainer.preemption import PreemptionFlag
 from rlflow.trainer.response_scoring import ResponseScorer
@@ -74,6 +74,7 @@ class PPOTrainer:
         self.needs_greedy_baseline = _needs(algo.adv_estimator, "reward_baselines")
         self.model_path = ensure_model(config.model, tokenizer_corpus())
         check_role_model_folders(config, self.use_critic)
+        check_role_engines(config, self.model_path, self.use_ref, self.use_critic, self.world_size)
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or self.model_path, config.model.trust_remote_code)
         self.train_loader = build_rl_loader(config.data, self.tokenizer, "train")
         self.val_loader = build_rl_loader(config.data, self.tokenizer, "val") if config.data.val_files else None

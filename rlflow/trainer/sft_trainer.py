@@ -35,6 +35,7 @@ from rlflow.observability.tracking import Tracking
 from rlflow.protocol import DataProto
 from rlflow.roles.sft_worker import SFT_MESH
 from rlflow.trainer.checkpoint import PARTIAL_SUFFIX, CheckpointManager
+from rlflow.trainer.engine_checks import check_engine_fits
 from rlflow.trainer.divergence import DivergenceGuard
 from rlflow.trainer.preemption import PreemptionFlag
 from rlflow.trainer.run_folder import export_dir
@@ -89,11 +90,13 @@ def total_training_steps(trainer_config: Any, steps_per_epoch: int) -> int:
 
 
 def prepare_sft_run(config: DictConfig, model_path: Path) -> SFTRun:
-    """Tokenize the data into loaders and derive the engine config (raises ``DataError`` / ``ConfigError``)."""
+    """Check the engine can run the model, tokenize the data into loaders and derive the engine config (raises
+    ``DataError`` / ``ConfigError``)."""
     data = config.data
     resolve_files(list(data.train_files))  # a missing file is reported before the tokenizer loads
     if data.val_files:
         resolve_files(list(data.val_files))
+    check_engine_fits(config, "engine", model_path, "causal_lm", config.trainer.nnodes * config.trainer.n_procs_per_node)
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_path, config.model.trust_remote_code)
     train_loader = build_sft_loader(data, tokenizer, "train")
     val_loader = None

@@ -87,3 +87,16 @@ def _plain(value):
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["actor.engine=megatron", "actor.engine.tensor_model_parallel_size=3"],
+     "config key 'actor.engine': tensor_model_parallel_size=3 must divide num_key_value_heads=2"),
+    (["actor.engine=megatron", "actor.engine.pipeline_model_parallel_size=2"],
+     "config key 'actor.engine': tensor_model_parallel_size=1 x pipeline_model_parallel_size=2 must divide the 1 worker"),
+    (["algorithm=ppo", "critic.ppo_mini_batch_size=2", "critic.engine=megatron", "critic.engine.pipeline_model_parallel_size=4"],
+     "config key 'critic.engine': pipeline_model_parallel_size=4 is more stages than num_hidden_layers=3"),
+])
+def test_an_engine_layout_the_model_or_world_cannot_take(tiny_model, addition_data, tmp_path, extra, expected):
+    """Checked by the engine class (``BaseEngine.check_model``) on the model folder, before any worker starts."""
+    assert expected in start_up_error(base_overrides(tiny_model, addition_data, tmp_path) + extra)

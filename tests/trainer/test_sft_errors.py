@@ -68,3 +68,13 @@ def test_the_command_line_exits_2_with_the_error_line(tmp_path):
     missing = tmp_path / "nope" / "sft_train.parquet"
     result = run_main_sft(data_overrides(tmp_path, missing), timeout=120)
     assert_one_line_error(result.returncode, result.stderr, rf"data file {missing} does not exist")
+
+
+def test_an_engine_layout_the_world_cannot_take_is_one_line(tmp_path, monkeypatch, capsys):
+    """The engine class checks its layout against the model and the ranks (``BaseEngine.check_model``) before
+    any worker starts: megatron at tensor x pipeline 2 x 2 on the default 1 process."""
+    data = write_jsonl(tmp_path / "sft.jsonl", [{"messages": GOOD}])
+    layout = ["engine=megatron", "engine.tensor_model_parallel_size=2", "engine.pipeline_model_parallel_size=2"]
+    status, stderr = run_in_process([*data_overrides(tmp_path, data), *layout], monkeypatch, capsys)
+    assert_one_line_error(status, stderr, r"config key 'engine': .* must divide the 1 worker processes")
+    assert not (tmp_path / "run").exists()

@@ -37,6 +37,7 @@ from megatron.core import parallel_state as mpu
 from megatron.core import tensor_parallel
 from megatron.core.distributed import DistributedDataParallel as MegatronDDP
 from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.transformer.transformer_config import TransformerConfig
 from transformers import AutoConfig
 
 from rlflow.engines.base import Capability, EngineMesh, LossFn
@@ -100,23 +101,41 @@ class MegatronEngine(DelegatingEngine):
     def __init__(self, config: MegatronEngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
         super().__init__(config, model_path, model_kind)
         self.kind = get_model_kind(model_kind)
-        folder = require_model_folder(self.model_path)
-        hf = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=config.trust_remote_code)
-        self.layout = ModelLayout(config.tensor_model_parallel_size, config.pipeline_model_parallel_size,
-                                  config.make_vocab_size_divisible_by)
+        self.plan, self.transformer_config = self._plan(config, self.model_path, model_kind)
+        self.layout = self.plan.layout
         self.on_cpu = resolve_device_type(config.device) == "cpu"
         self.dtype = resolve_dtype(config.dtype)
-        value_model = model_kind == "value"
-        self.plan = StagePlan(hf, self.layout, value_model, tied=bool(hf.tie_word_embeddings) and not value_model,
-                              logprob_chunk_size=config.logprob_chunk_size)
-        self.transformer_config = transformer_config(hf, self.layout, self.dtype, config.gradient_checkpointing,
-                                                     config.bias_activation_fusion)
-        if self.on_cpu and self.layout.tensor_parallel > 1 and self.transformer_config.attention_dropout > 0:
+        self.module: Optional[MegatronDDP] = None
+
+    @classmethod
+    def check_model(cls, config: EngineConfig, model_path: str | Path, model_kind: str, world_size: int) -> None:
+        plan, _ = cls._plan(config, Path(model_path), model_kind)
+        stages = plan.layout.tensor_parallel * plan.layout.pipeline_parallel
+        if world_size % stages:
             raise EngineConfigError(
-                f"attention_dropout={self.transformer_config.attention_dropout} under tensor parallelism needs megatron's "
+                f"tensor_model_parallel_size={plan.layout.tensor_parallel} x pipeline_model_parallel_size="
+                f"{plan.layout.pipeline_parallel} must divide the {world_size} worker processes"
+            )
+
+    @staticmethod
+    def _plan(config: MegatronEngineConfig, model_path: Path, model_kind: str) -> tuple[StagePlan, TransformerConfig]:
+        """The stage plan and megatron config for the model folder; one-line ``EngineConfigError`` for what cannot run."""
+        folder = require_model_folder(model_path)
+        hf = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=config.trust_remote_code)
+        layout = ModelLayout(config.tensor_model_parallel_size, config.pipeline_model_parallel_size,
+                             config.make_vocab_size_divisible_by)
+        value_model = model_kind == "value"
+        plan = StagePlan(hf, layout, value_model, tied=bool(hf.tie_word_embeddings) and not value_model,
+                         logprob_chunk_size=config.logprob_chunk_size)
+        megatron_config = transformer_config(hf, layout, resolve_dtype(config.dtype), config.gradient_checkpointing,
+                                             config.bias_activation_fusion)
+        on_cpu = resolve_device_type(config.device) == "cpu"
+        if on_cpu and layout.tensor_parallel > 1 and megatron_config.attention_dropout > 0:
+            raise EngineConfigError(
+                f"attention_dropout={megatron_config.attention_dropout} under tensor parallelism needs megatron's "
                 "CUDA RNG tracker; on CPU use tensor_model_parallel_size=1 or a checkpoint without dropout"
             )
-        self.module: Optional[MegatronDDP] = None
+        return plan, megatron_config
 
     def _megatron(self) -> AbstractContextManager[None]:
         return cpu_megatron() if self.on_cpu else nullcontext()
