@@ -9,7 +9,7 @@
 #                       OUT    run folder: checkpoints, metrics.jsonl, wandb/, hf/ (default outputs/<algorithm>_tiny)
 #                       STEPS  GRPO steps                   (default 30)
 #                       SEED   seed of data order, sampling and the engine (default 0)
-#                       ENGINE training engine of the actor and the reference: fsdp2 (default), fsdp, torchtitan
+#                       ENGINE training engine of the actor and the reference: fsdp2 (default), fsdp, megatron, torchtitan
 #                       ALGORITHM  rlflow/configs/algorithm option (default grpo); rloo_tiny_cpu.sh,
 #                              reinforce_pp_tiny_cpu.sh and ppo_tiny_cpu.sh run this recipe with theirs
 # Run from the repository root; make the inputs with `make demo` (or its first three phases).
