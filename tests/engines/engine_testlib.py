@@ -225,10 +225,10 @@ def full_grads(engine: Any) -> dict[str, torch.Tensor]:
         return name.replace("_fsdp_wrapped_module.", "").removeprefix("model.")
 
     if engine.config.name == "megatron":  # grads in megatron DDP's buffers (main_grad), whole at TP = PP = 1
-        from rlflow.engines.megatron.model import attention_shape, megatron_names
+        from rlflow.engines.megatron.model import model_shape, megatron_names
         from rlflow.engines.megatron.weights import hf_from_whole
 
-        shape = attention_shape(engine.plan.hf, engine.layout)
+        shape = model_shape(engine.plan.hf, engine.layout)
         return {hf: grad for name, param in megatron_names(engine.stage)
                 for hf, grad in hf_from_whole(name, param.main_grad.clone(), shape)}
 

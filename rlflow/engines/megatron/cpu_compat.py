@@ -23,8 +23,8 @@ megatron call it serves:
   activation recomputation (``tensor_parallel.checkpoint``), which saves and restores the CPU and
   CUDA RNG states around each recomputed layer, gets an empty CUDA state (``_get_cuda_rng_state``,
   ``_set_cuda_rng_state``); the CPU state it keeps is the one dropout draws from here.
-  Dropout then draws from each process's CPU generator; the engine refuses dropout under tensor
-  parallelism on CPU, where TP peers would need identical draws (``cpu_rng_tracker``).
+  Dropout then draws from each process's CPU generator, uncoordinated across ranks, so the engine
+  refuses attention dropout under tensor parallelism on CPU (``cpu_rng_tracker``).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ from rlflow.engines.common.packing import TokenStream, make_token_stream
 from rlflow.engines.config import EngineConfig, EngineConfigError, StepHyperparams
 from rlflow.engines.megatron.architecture import ModelLayout, transformer_config
 from rlflow.engines.megatron.cpu_compat import cpu_megatron, cpu_rng_tracker
-from rlflow.engines.megatron.model import GradBufferAdamW, StagePlan, attention_shape, build_stage, megatron_names
+from rlflow.engines.megatron.model import GradBufferAdamW, StagePlan, model_shape, build_stage, megatron_names
 from rlflow.engines.megatron.parallel import join_model_parallel
 from rlflow.engines.megatron.schedule import run_schedule
 from rlflow.engines.megatron.state import iter_whole_tensors, model_state, optimizer_state, whole_tensors_from_checkpoint
@@ -242,11 +242,11 @@ class MegatronEngine(DelegatingEngine):
 
     def export_hf_weights(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
         self._require_initialized()
-        shape = attention_shape(self.plan.hf, self.layout)
+        shape = model_shape(self.plan.hf, self.layout)
         offsets = [self.plan.layer_offset(stage) for stage in range(self.layout.pipeline_parallel)]
         skip = frozenset({_OUTPUT_LAYER} if self.plan.tied else ())  # HF writes tied embeddings once
         with self.offloader.params_resident():
-            for name, whole in iter_whole_tensors(megatron_names(self.stage), self.ranks, offsets, skip):
+            for name, whole in iter_whole_tensors(megatron_names(self.stage), self.ranks, offsets, skip, self.device):
                 for hf_name, tensor in hf_from_whole(name, whole, shape):
                     yield hf_name, tensor if dtype is None else tensor.to(dtype)
 
@@ -264,7 +264,7 @@ class MegatronEngine(DelegatingEngine):
         entries = list(state)
         value_model = any(".value_head." in key for key, _ in entries)
         tied = bool(hf.tie_word_embeddings) and not value_model
-        shape = attention_shape(hf, ModelLayout(1, 1, 1))  # the export trims the padded vocabulary to the HF one
+        shape = model_shape(hf, ModelLayout(1, 1, 1))  # the export trims the padded vocabulary to the HF one
         def layer_offset(stage: int, stages: int) -> int:
             return ModelLayout(1, stages, 1).layer_offset(stage, hf.num_hidden_layers)
 

@@ -25,17 +25,17 @@ from rlflow.engines.common.hf_config import head_dim
 from rlflow.engines.megatron.architecture import ModelLayout, gpt_model_kwargs, layer_spec, padded_vocab_size
 from rlflow.engines.megatron.forward import StageForward
 from rlflow.engines.megatron.parallel import ParallelRanks
-from rlflow.engines.megatron.weights import AttentionShape, global_name, shard_of, whole_from_hf
+from rlflow.engines.megatron.weights import ModelShape, global_name, shard_of, whole_from_hf
 from rlflow.models.value_models import value_head as value_head_of
 
-__all__ = ["GradBufferAdamW", "StagePlan", "attention_shape", "build_stage", "megatron_names"]
+__all__ = ["GradBufferAdamW", "StagePlan", "model_shape", "build_stage", "megatron_names"]
 
 MODEL_PREFIX = "module."  # StageForward holds the GPTModel as .module
 
 
-def attention_shape(hf: PretrainedConfig, layout: ModelLayout) -> AttentionShape:
+def model_shape(hf: PretrainedConfig, layout: ModelLayout) -> ModelShape:
     """What the weight mapping needs from the HF config."""
-    return AttentionShape(
+    return ModelShape(
         num_heads=hf.num_attention_heads, num_groups=hf.num_key_value_heads, head_dim=head_dim(hf),
         vocab_size=hf.vocab_size, padded_vocab_size=padded_vocab_size(hf.vocab_size, layout),
     )
@@ -77,7 +77,7 @@ def build_stage(plan: StagePlan, config: Any, hf_model: nn.Module, ranks: Parall
                          padding_idx=hf_model.get_input_embeddings().padding_idx, tp_rank=ranks.tp_rank,
                          tp_group=ranks.tp_group, logprob_chunk_size=plan.logprob_chunk_size)
     hf_state = hf_model.state_dict()
-    shape = attention_shape(plan.hf, plan.layout)
+    shape = model_shape(plan.hf, plan.layout)
     offset = plan.layer_offset(ranks.pp_rank)
     with torch.no_grad():
         for name, param in megatron_names(stage):

@@ -58,11 +58,12 @@ def optimizer_state(
 
 
 def iter_whole_tensors(
-    named_params: list[tuple[str, nn.Parameter]], ranks: ParallelRanks, layer_offsets: list[int], skip: frozenset[str]
+    named_params: list[tuple[str, nn.Parameter]], ranks: ParallelRanks, layer_offsets: list[int], skip: frozenset[str],
+    device: torch.device,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(whole name, whole tensor)`` of every parameter of every stage, on every rank (collective over the
     tensor- and pipeline-parallel groups). ``layer_offsets[s]``: stage ``s``'s first layer; ``skip``: whole
-    names left out (a tied output layer's copy)."""
+    names left out (a tied output layer's copy); ``device``: where another stage's tensors are received."""
     for stage in range(ranks.pp_size):
         mine = stage == ranks.pp_rank
         metadata = [
@@ -75,7 +76,7 @@ def iter_whole_tensors(
             metadata = shared[0]
         params = iter(named_params) if mine else None
         for whole_name, shape, dtype in metadata:
-            whole = _gather(next(params)[1], whole_name, ranks) if mine else torch.empty(shape, dtype=dtype)
+            whole = _gather(next(params)[1], whole_name, ranks) if mine else torch.empty(shape, dtype=dtype, device=device)
             if ranks.pp_size > 1:
                 dist.broadcast(whole, src=ranks.pp_ranks[stage], group=ranks.pp_group)
             if whole_name not in skip:

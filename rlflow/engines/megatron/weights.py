@@ -30,7 +30,7 @@ from typing import Mapping, Optional
 import torch
 
 __all__ = [
-    "AttentionShape",
+    "ModelShape",
     "global_name",
     "hf_from_whole",
     "shard_of",
@@ -62,7 +62,7 @@ _ROW_PARALLEL = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
 
 
 @dataclass(frozen=True)
-class AttentionShape:
+class ModelShape:
     """What the q/k/v fusion and the vocabulary padding need from the model config."""
 
     num_heads: int
@@ -115,14 +115,14 @@ def global_name(name: str, layer_offset: int) -> str:
     return f"decoder.layers.{int(match.group(1)) + layer_offset}.{match.group(2)}" if match else name
 
 
-def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: AttentionShape) -> torch.Tensor:
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: ModelShape) -> torch.Tensor:
     groups = shape.num_groups
     rest = q.shape[1:]
     parts = [q.reshape(groups, -1, *rest), k.reshape(groups, -1, *rest), v.reshape(groups, -1, *rest)]
     return torch.cat(parts, dim=1).reshape(-1, *rest)
 
 
-def _split_qkv(fused: torch.Tensor, shape: AttentionShape) -> list[torch.Tensor]:
+def _split_qkv(fused: torch.Tensor, shape: ModelShape) -> list[torch.Tensor]:
     groups, d = shape.num_groups, shape.head_dim
     rest = fused.shape[1:]
     per_group = fused.reshape(groups, -1, *rest)
@@ -130,12 +130,12 @@ def _split_qkv(fused: torch.Tensor, shape: AttentionShape) -> list[torch.Tensor]
     return [part.reshape(-1, *rest) for part in (q, k, v)]
 
 
-def _pad_vocab(tensor: torch.Tensor, shape: AttentionShape) -> torch.Tensor:
+def _pad_vocab(tensor: torch.Tensor, shape: ModelShape) -> torch.Tensor:
     padding = shape.padded_vocab_size - tensor.shape[0]
     return torch.cat([tensor, tensor.new_zeros(padding, *tensor.shape[1:])]) if padding else tensor
 
 
-def whole_from_hf(name: str, hf: Mapping[str, torch.Tensor], shape: AttentionShape, tied: bool) -> torch.Tensor:
+def whole_from_hf(name: str, hf: Mapping[str, torch.Tensor], shape: ModelShape, tied: bool) -> torch.Tensor:
     """The whole tensor ``name`` from the HF state ``hf`` (``tied``: the output layer is the input embeddings)."""
     if name in _VOCAB:
         source = _VOCAB["embedding.word_embeddings.weight"] if tied else _VOCAB[name]
@@ -152,7 +152,7 @@ def whole_from_hf(name: str, hf: Mapping[str, torch.Tensor], shape: AttentionSha
     return hf[prefix + _LAYER_RENAMES[suffix]]
 
 
-def hf_from_whole(name: str, whole: torch.Tensor, shape: AttentionShape) -> list[tuple[str, torch.Tensor]]:
+def hf_from_whole(name: str, whole: torch.Tensor, shape: ModelShape) -> list[tuple[str, torch.Tensor]]:
     """The HF ``(name, tensor)`` pairs that the whole megatron tensor ``name`` holds."""
     if name in _VOCAB:
         return [(_VOCAB[name], whole[: shape.vocab_size])]
