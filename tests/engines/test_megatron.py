@@ -237,3 +237,15 @@ def test_what_the_engine_cannot_run_fails_in_one_line(models: dict[str, Path]) -
         with pytest.raises(EngineConfigError, match=message) as error:
             build_engine({"name": "megatron", **overrides}, qwen2)
         assert "\n" not in str(error.value)
+
+
+def test_importing_the_engine_leaves_torchs_weights_only_allowlist_alone() -> None:
+    """megatron-core's import adds numpy arrays and more to ``torch.load(weights_only=True)``'s allowlist; the engine
+    package takes them out again (rlflow's state files must keep refusing pickled numpy state: test_security_files)."""
+    import numpy as np
+    from megatron.core.safe_globals import SAFE_GLOBALS
+
+    import rlflow.engines.megatron  # noqa: F401
+
+    allowed = torch.serialization.get_safe_globals()
+    assert np.ndarray not in allowed and not any(entry in allowed for entry in SAFE_GLOBALS)
