@@ -243,7 +243,7 @@ def test_importing_the_engine_leaves_torchs_weights_only_allowlist_alone() -> No
     """megatron-core's import adds numpy arrays and more to ``torch.load(weights_only=True)``'s allowlist; the engine
     package takes them out again (rlflow's state files must keep refusing pickled numpy state: test_security_files)."""
     import numpy as np
-    from megatron.core.safe_globals import SAFE_GLOBALS
+    from megatron.core.safe_globals import SAFE_GLOBALS  # megatron-core first: it registers them on import
 
     import rlflow.engines.megatron  # noqa: F401
 

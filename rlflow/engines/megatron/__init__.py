@@ -9,22 +9,21 @@ Importing megatron-core has two process-wide side effects this package undoes:
   configs) to torch's ``weights_only`` unpickling allowlist for its dist-checkpointing, which this
   engine does not use. That would widen what every ``torch.load(weights_only=True)`` in the
   process accepts (an old pickled RNG state would load and then fail oddly instead of being
-  refused in one line), so the entries it added are taken out again.
+  refused in one line), so its entries are taken out again (whichever import of megatron-core
+  added them).
 """
 
 import warnings
 
 import torch
 
-_allowed_before = torch.serialization.get_safe_globals()
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r"(Transformer Engine and Apex are|Apex is) not installed", category=UserWarning)
     from megatron.core.safe_globals import SAFE_GLOBALS as _MEGATRON_SAFE_GLOBALS
 
     from rlflow.engines.megatron.engine import MegatronEngine, MegatronEngineConfig
 
-_added = [entry for entry in _MEGATRON_SAFE_GLOBALS if entry not in _allowed_before]
-_kept = [entry for entry in torch.serialization.get_safe_globals() if entry not in _added]
+_kept = [entry for entry in torch.serialization.get_safe_globals() if entry not in _MEGATRON_SAFE_GLOBALS]
 torch.serialization.clear_safe_globals()
 torch.serialization.add_safe_globals(_kept)
 
