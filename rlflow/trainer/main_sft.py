@@ -53,7 +53,7 @@ def launch_ray(config: DictConfig) -> History:
     """Controller in this process, one Ray actor per worker rank."""
     trainer = config.trainer
     model_path = ensure_model(config.model, tokenizer_corpus())
-    run = prepare_sft_run(config, model_path)
+    run = prepare_sft_run(config, model_path, trainer.nnodes * trainer.n_procs_per_node)
     lock = open_run_folder(config)  # before Ray starts
     init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir,
              node_ip_address=trainer.ray_node_ip_address)
@@ -90,7 +90,7 @@ def launch_torchrun(config: DictConfig) -> History:
             ensure_model(config.model, tokenizer_corpus())
         dist.barrier()
         model_path = model_folder(config.model)
-        run = prepare_sft_run(config, model_path)
+        run = prepare_sft_run(config, model_path, dist.get_world_size())
         worker = SFTWorker(run.engine_config, model_path)
         tracking = _tracking(config, run) if is_driver else None
         try:

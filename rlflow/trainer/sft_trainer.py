@@ -9,7 +9,8 @@ uninterrupted one would), and a final Hugging Face export. Under ``torchrun`` ev
 this loop (the group calls are collective) and only the driver (rank 0) logs and writes the
 driver state.
 
-``prepare_sft_run`` does the launcher-independent set-up: tokenizer, loaders (every data error
+``prepare_sft_run`` does the launcher-independent set-up: the engine's check against the model and the
+ranks (``BaseEngine.check_model``), tokenizer, loaders (every data error
 surfaces here, before any worker starts), the engine config the workers build and the divergence
 guard (``rlflow.trainer.divergence``: a run of non-finite-gradient steps stops the run).
 """
@@ -89,14 +90,14 @@ def total_training_steps(trainer_config: Any, steps_per_epoch: int) -> int:
     return steps_per_epoch * int(trainer_config.total_epochs)
 
 
-def prepare_sft_run(config: DictConfig, model_path: Path) -> SFTRun:
-    """Check the engine can run the model, tokenize the data into loaders and derive the engine config (raises
-    ``DataError`` / ``ConfigError``)."""
+def prepare_sft_run(config: DictConfig, model_path: Path, world_size: int) -> SFTRun:
+    """Check the engine can run the model on ``world_size`` ranks, tokenize the data into loaders and derive the
+    engine config (raises ``DataError`` / ``ConfigError``)."""
     data = config.data
     resolve_files(list(data.train_files))  # a missing file is reported before the tokenizer loads
     if data.val_files:
         resolve_files(list(data.val_files))
-    check_engine_fits(config, "engine", model_path, "causal_lm", config.trainer.nnodes * config.trainer.n_procs_per_node)
+    check_engine_fits(config, "engine", model_path, "causal_lm", world_size)
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_path, config.model.trust_remote_code)
     train_loader = build_sft_loader(data, tokenizer, "train")
     val_loader = None
