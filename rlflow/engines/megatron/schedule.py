@@ -33,7 +33,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from rlflow.engines.base import LossFn
 from rlflow.engines.common.forward_backward import check_batch
 from rlflow.engines.common.loss_scaling import GlobalCounts, global_counts, global_loss
-from rlflow.engines.common.micro_batching import plan_micro_batches
+from rlflow.engines.common.micro_batching import MicroBatchPlan, plan_micro_batches
 from rlflow.engines.common.packing import TokenStream
 from rlflow.engines.config import EngineConfig
 from rlflow.engines.megatron.parallel import ParallelRanks
@@ -116,7 +116,7 @@ def run_schedule(
     return _results(record, plan, counts, ranks, device)
 
 
-def _results(record: _LastStageRecord, plan, counts: Optional[GlobalCounts], ranks: ParallelRanks,
+def _results(record: _LastStageRecord, plan: MicroBatchPlan, counts: Optional[GlobalCounts], ranks: ParallelRanks,
              device: torch.device) -> tuple[DataProto, dict[str, Any]]:
     metrics: dict[str, Any] = {key: sum(values) / len(values) for key, values in record.metrics.items()}
     metrics["num_micro_batches"] = len(plan.groups)
