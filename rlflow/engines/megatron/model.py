@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from megatron.core.distributed import DistributedDataParallel as MegatronDDP
 from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -60,9 +61,9 @@ def megatron_names(stage: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(name.removeprefix(MODEL_PREFIX), param) for name, param in stage.named_parameters()]
 
 
-def build_stage(plan: StagePlan, config: Any, hf_model: nn.Module, ranks: ParallelRanks,
+def build_stage(plan: StagePlan, config: TransformerConfig, hf_model: nn.Module, ranks: ParallelRanks,
                 dtype: torch.dtype) -> StageForward:
-    """This rank's ``StageForward`` with its shards of ``hf_model``'s weights (``config``: megatron's TransformerConfig)."""
+    """This rank's ``StageForward`` with its shards of ``hf_model``'s weights."""
     gpt = GPTModel(
         config=config, transformer_layer_spec=layer_spec(config), pre_process=ranks.is_first_stage,
         post_process=ranks.is_last_stage, **gpt_model_kwargs(plan.hf, plan.layout, tie_output=plan.tied),
