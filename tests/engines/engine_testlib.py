@@ -228,7 +228,7 @@ def full_grads(engine: Any) -> dict[str, torch.Tensor]:
         from rlflow.engines.megatron.model import model_shape, megatron_names
         from rlflow.engines.megatron.weights import hf_from_whole
 
-        shape = model_shape(engine.plan.hf, engine.layout)
+        shape = model_shape(engine.plan.hf, engine.plan.layout)
         return {hf: grad for name, param in megatron_names(engine.stage)
                 for hf, grad in hf_from_whole(name, param.main_grad.clone(), shape)}
 

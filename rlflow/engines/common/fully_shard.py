@@ -19,6 +19,8 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from rlflow.engines.common.optimizer_step import clip_to_norm
+
 __all__ = ["clip_grad_norm", "full_tensor", "iter_full_tensors", "unsynced_grads"]
 
 
@@ -59,8 +61,5 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> float:
         norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
         squares.append(full_tensor(norm) ** 2 if isinstance(norm, DTensor) else norm**2)
     total = float(torch.stack(squares).sum().sqrt())
-    coef = max_norm / (total + 1e-6)
-    if coef < 1.0:
-        for grad in grads:
-            grad.mul_(coef)
+    clip_to_norm(grads, total, max_norm)
     return total

@@ -25,9 +25,19 @@ from rlflow.engines.common.optimizers import DECAYS
 from rlflow.engines.config import EngineConfig, StepHyperparams
 from rlflow.utils.logging import get_logger
 
-__all__ = ["OptimizerStepper"]
+__all__ = ["OptimizerStepper", "clip_to_norm"]
 
 _logger = get_logger(__name__)
+
+
+def clip_to_norm(grads: list[torch.Tensor], total_norm: float, max_norm: float) -> None:
+    """Scale ``grads`` in place so their global norm ``total_norm`` is at most ``max_norm``, with
+    ``torch.nn.utils.clip_grad_norm_``'s coefficient ``max_norm / (total_norm + 1e-6)`` (an engine's clip
+    function computes the norm its own way, over its own groups, then calls this)."""
+    coef = max_norm / (total_norm + 1e-6)
+    if coef < 1.0:
+        for grad in grads:
+            grad.mul_(coef)
 
 
 class OptimizerStepper:

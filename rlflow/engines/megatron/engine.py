@@ -23,7 +23,6 @@ On CPU every megatron call runs inside ``cpu_compat.cpu_megatron()``.
 
 from __future__ import annotations
 
-import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -47,7 +46,7 @@ from rlflow.engines.common.distributed import join_process_group
 from rlflow.engines.common.hf_export import save_hf_from_export
 from rlflow.engines.common.models import get_model_kind
 from rlflow.engines.common.offload import HostOffload
-from rlflow.engines.common.optimizer_step import OptimizerStepper
+from rlflow.engines.common.optimizer_step import OptimizerStepper, clip_to_norm
 from rlflow.engines.common.optimizers import build_adamw, move_optimizer_state
 from rlflow.engines.common.packing import TokenStream, make_token_stream
 from rlflow.engines.config import EngineConfig, EngineConfigError, StepHyperparams
@@ -102,7 +101,6 @@ class MegatronEngine(DelegatingEngine):
         super().__init__(config, model_path, model_kind)
         self.kind = get_model_kind(model_kind)
         self.plan, self.transformer_config = self._plan(config, self.model_path, model_kind)
-        self.layout = self.plan.layout
         self.on_cpu = resolve_device_type(config.device) == "cpu"
         self.dtype = resolve_dtype(config.dtype)
         self.module: Optional[MegatronDDP] = None
@@ -147,7 +145,7 @@ class MegatronEngine(DelegatingEngine):
         hf_model = self.kind.load(self.model_path, dtype=cfg.dtype, attn_implementation="sdpa",
                                   trust_remote_code=cfg.trust_remote_code)
         with self._megatron():
-            self.ranks = join_model_parallel(self, self.layout.tensor_parallel, self.layout.pipeline_parallel)
+            self.ranks = join_model_parallel(self, self.plan.layout.tensor_parallel, self.plan.layout.pipeline_parallel)
             if self.on_cpu:
                 cpu_rng_tracker()
             else:
@@ -171,8 +169,8 @@ class MegatronEngine(DelegatingEngine):
         self.stepper = OptimizerStepper(self.optimizer, cfg, self._clip_grad_norm)
         self.offloader = HostOffload(self.device, cfg, self._move_params,
                                      partial(move_optimizer_state, self.optimizer.optimizer))
-        layout = {"tensor_model_parallel_size": self.layout.tensor_parallel,
-                  "pipeline_model_parallel_size": self.layout.pipeline_parallel}
+        layout = {"tensor_model_parallel_size": self.plan.layout.tensor_parallel,
+                  "pipeline_model_parallel_size": self.plan.layout.pipeline_parallel}
         self.checkpointer = EngineCheckpointer(setup_meta(cfg.name, self.model_kind, self.world_size, layout),
                                                self.stepper, self.rank, None, seed=cfg.seed)
 
@@ -212,11 +210,7 @@ class MegatronEngine(DelegatingEngine):
                      torch.zeros((), device=self.device))
         dist.all_reduce(square, group=mpu.get_model_parallel_group())
         norm = float(square.sqrt())
-        if math.isfinite(norm) and norm > max_norm:
-            scale = max_norm / (norm + 1e-6)
-            for param in self.optimizer.params:
-                if param.grad is not None:
-                    param.grad.mul_(scale)
+        clip_to_norm([param.grad for param in self.optimizer.params if param.grad is not None], norm, max_norm)
         return norm
 
     # ------------------------------------------------------------------ placement
@@ -242,8 +236,8 @@ class MegatronEngine(DelegatingEngine):
 
     def export_hf_weights(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
         self._require_initialized()
-        shape = model_shape(self.plan.hf, self.layout)
-        offsets = [self.plan.layer_offset(stage) for stage in range(self.layout.pipeline_parallel)]
+        shape = model_shape(self.plan.hf, self.plan.layout)
+        offsets = [self.plan.layer_offset(stage) for stage in range(self.plan.layout.pipeline_parallel)]
         skip = frozenset({_OUTPUT_LAYER} if self.plan.tied else ())  # HF writes tied embeddings once
         with self.offloader.params_resident():
             for name, whole in iter_whole_tensors(megatron_names(self.stage), self.ranks, offsets, skip, self.device):

@@ -57,10 +57,8 @@ class ParallelRanks:
 
 
 def _current_layout() -> Optional[tuple[int, int]]:
-    if not mpu.model_parallel_is_initialized():
-        return None
-    if _MADE_UNDER != [dist.group.WORLD]:  # made under a process group that no longer exists
-        mpu.destroy_model_parallel()
+    """(TP, PP) of megatron's groups, or None when there are none (or they belong to a destroyed process group)."""
+    if not mpu.model_parallel_is_initialized() or _MADE_UNDER != [dist.group.WORLD]:
         return None
     return mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size()
 
@@ -83,9 +81,9 @@ def join_model_parallel(user: Any, tensor_parallel: int, pipeline_parallel: int)
                 f"this process already runs a megatron engine at tensor x pipeline parallel {current}; every megatron "
                 f"engine of one process (an actor and its reference) uses one layout, not also {wanted}"
             )
-        mpu.destroy_model_parallel()
         current = None
     if current is None:
+        mpu.destroy_model_parallel()  # no-op when there are none; stale groups otherwise
         mpu.initialize_model_parallel(tensor_parallel, pipeline_parallel, create_gloo_process_groups=False)
         _MADE_UNDER[:] = [dist.group.WORLD]
     _USERS.add(user)
