@@ -94,7 +94,8 @@ def _train(engine: Any, seeds: list[int]) -> dict[str, list[float]]:
 
 def resume_suite(rank: int, world_size: int, model: Path, out_dir: Path) -> None:
     """TP=2: 2 steps, checkpoint, 3 more; a fresh engine loads the checkpoint and runs the same 3. Then the
-    layer forwards of one training pass with and without gradient checkpointing."""
+    layer forwards of one training pass with and without gradient checkpointing, and the parameters and
+    grad buffers parked in host memory with gradients pending (what ``param_offload`` does on a GPU)."""
     config = _config(2, 1, micro_batch_size=2, lr_scheduler={"name": "cosine", "warmup_steps": 1, "total_steps": 6})
     engine = new_engine(config, model)
     _train(engine, [60, 61])
@@ -118,10 +119,22 @@ def resume_suite(rank: int, world_size: int, model: Path, out_dir: Path) -> None
         engine.forward_backward(make_batch(5), nll_token_mean)
         handle.remove()
         forwards[recompute] = calls[0]
+        if recompute:
+            pending = [param.main_grad.clone() for param in engine.optimizer.params]
+            weights = [param.detach().clone() for param in engine.stage.parameters()]
+            engine.parking.park()
+            parked_bytes = [tensor.untyped_storage().nbytes() for tensor in engine.parking.tensors]
+            engine.parking.restore()
+            parking = {"parked_bytes": parked_bytes, "pending": [float(grad.abs().sum()) for grad in pending],
+                       "kept_grads": all(torch.equal(param.main_grad, grad)
+                                         for param, grad in zip(engine.optimizer.params, pending)),
+                       "kept_weights": all(torch.equal(param, weight)
+                                           for param, weight in zip(engine.stage.parameters(), weights))}
         del engine
         gc.collect()
     if rank == 0:
-        torch.save({"straight": straight, "resumed": resumed, "forwards": forwards}, out_dir / "resume.pt")
+        torch.save({"straight": straight, "resumed": resumed, "forwards": forwards, "parking": parking},
+                   out_dir / "resume.pt")
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +236,12 @@ def test_resume_at_tp2_is_bit_exact_for_three_steps(resume) -> None:
 
 def test_gradient_checkpointing_recomputes_each_layer_in_backward(resume) -> None:
     assert resume["forwards"] == {False: 1, True: 2}
+
+
+def test_parking_frees_the_storage_and_keeps_weights_and_pending_gradients(resume) -> None:
+    parking = resume["parking"]
+    assert parking["parked_bytes"] and set(parking["parked_bytes"]) == {0}
+    assert sum(parking["pending"]) > 0 and parking["kept_grads"] and parking["kept_weights"]
 
 
 def test_what_the_engine_cannot_run_fails_in_one_line(models: dict[str, Path]) -> None:

@@ -45,14 +45,15 @@ from rlflow.engines.common.delegating_engine import DelegatingEngine
 from rlflow.engines.common.distributed import join_process_group
 from rlflow.engines.common.hf_export import save_hf_from_export
 from rlflow.engines.common.models import get_model_kind
-from rlflow.engines.common.offload import HostOffload
+from rlflow.engines.common.offload import HOST, HostOffload
 from rlflow.engines.common.optimizer_step import OptimizerStepper, clip_to_norm
 from rlflow.engines.common.optimizers import build_adamw, move_optimizer_state
 from rlflow.engines.common.packing import TokenStream, make_token_stream
 from rlflow.engines.config import EngineConfig, EngineConfigError, StepHyperparams
 from rlflow.engines.megatron.architecture import ModelLayout, transformer_config
 from rlflow.engines.megatron.cpu_compat import cpu_megatron, cpu_rng_tracker
-from rlflow.engines.megatron.model import GradBufferAdamW, StagePlan, model_shape, build_stage, megatron_names
+from rlflow.engines.megatron.model import (GradBufferAdamW, HostParking, StagePlan, build_stage, megatron_names,
+                                          model_shape)
 from rlflow.engines.megatron.parallel import join_model_parallel
 from rlflow.engines.megatron.schedule import run_schedule
 from rlflow.engines.megatron.state import iter_whole_tensors, model_state, optimizer_state, whole_tensors_from_checkpoint
@@ -167,6 +168,8 @@ class MegatronEngine(DelegatingEngine):
             and (tensor_parallel_dim(name) is not None or self.ranks.tp_rank == 0)
         ]
         self.stepper = OptimizerStepper(self.optimizer, cfg, self._clip_grad_norm)
+        grad_buffers = [buffer.grad_data for buffer in self.module.buffers + self.module.expert_parallel_buffers]
+        self.parking = HostParking(list(stage.parameters()) + grad_buffers)
         self.offloader = HostOffload(self.device, cfg, self._move_params,
                                      partial(move_optimizer_state, self.optimizer.optimizer))
         layout = {"tensor_model_parallel_size": self.plan.layout.tensor_parallel,
@@ -215,8 +218,14 @@ class MegatronEngine(DelegatingEngine):
 
     # ------------------------------------------------------------------ placement
     def _move_params(self, device: torch.device) -> None:
-        """Parameters only: megatron DDP's grad buffers stay where they are (docs/engines.md)."""
-        self.stage.to(device)
+        """Parameters and megatron DDP's gradient buffers, parked in host memory rather than moved with
+        ``.to()``, which would unhook megatron's gradient accumulation (``HostParking``)."""
+        if self.on_cpu:  # host and device are the same memory
+            return
+        if device == HOST:
+            self.parking.park()
+        else:
+            self.parking.restore()
 
     # ------------------------------------------------------------------ checkpoints and export
     def _state(self) -> dict[str, Any]:

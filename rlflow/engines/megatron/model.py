@@ -8,6 +8,7 @@ HF weights (``weights.whole_from_hf`` then ``shard_of``).
 
 ``GradBufferAdamW`` is AdamW over the gradients megatron's DDP keeps in its contiguous buffers
 (``param.main_grad``): a plain torch optimizer would see no ``.grad`` at all (PLATFORM.md).
+``HostParking`` holds the parameters and those buffers in host memory while they are offloaded.
 """
 
 from __future__ import annotations
@@ -113,3 +114,35 @@ class GradBufferAdamW:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
         self.ddp.zero_grad_buffer()
+
+
+class HostParking:
+    """Tensors whose bytes wait in host memory while their device storage is empty: how the megatron
+    engine offloads its parameters and DDP's gradient buffers.
+
+    Megatron's DDP hooks each parameter's gradient accumulator, and ``param.main_grad`` / each bucket's
+    ``grad_data`` are views of one gradient buffer per dtype. ``.to()`` would unhook the parameters
+    (torch gives a tensor whose device changes a new accumulator, so gradients would bypass
+    ``main_grad``) and cut the views off their buffer. Parking keeps every tensor object and its device:
+    ``park`` copies each tensor's bytes to the host and empties its storage (``resize_(0)``), ``restore``
+    refills the storage and copies them back. (Megatron's own ``offload_grad_buffers`` empties the
+    gradient storage without the copy, losing gradients pending between ``forward_backward`` and
+    ``optim_step``.) Each tensor must own its storage.
+    """
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors
+        self.parked: list[tuple[torch.Tensor, int]] = []
+
+    def park(self) -> None:
+        if self.parked:
+            return
+        for tensor in self.tensors:
+            self.parked.append((tensor.detach().to("cpu", copy=True), tensor.untyped_storage().nbytes()))
+            tensor.untyped_storage().resize_(0)
+
+    def restore(self) -> None:
+        for tensor, (host, nbytes) in zip(self.tensors, self.parked):
+            tensor.untyped_storage().resize_(nbytes)
+            tensor.detach().copy_(host)
+        self.parked = []
