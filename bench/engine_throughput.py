@@ -6,7 +6,11 @@ interleaved so machine load hits all contenders alike. Prints tokens/s per conte
 and each engine's ratio to the plain loop (target >= 0.9).
 
     python bench/engine_throughput.py [--size small] [--rows 8] [--seq-len 256] [--rounds 3] [--engines NAME ...]
+                                      [--device cpu|cuda] [--param-dtype float32|bfloat16] [--no-variants]
                                       [--json PATH]
+
+``--param-dtype bfloat16`` is bf16 compute with fp32 master weights: the engines' mixed precision
+against the plain loop under ``torch.autocast`` (only engines with ``Capability.MIXED_PRECISION``).
 
 The engines are every registered one (``EngineRegistry.names()``) unless ``--engines`` names some,
 plus the registered engines' switches that exist for speed (``VARIANTS``: torchtitan's per-block
@@ -27,6 +31,7 @@ from transformers import AutoModelForCausalLM
 
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.engines import EngineRegistry, build_engine
+from rlflow.engines.base import Capability
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 from rlflow.utils.device import limit_cpu_threads
@@ -48,15 +53,18 @@ def make_batch(rows: int, seq_len: int, vocab: int) -> DataProto:
     return DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask, "loss_mask": loss_mask})
 
 
-def plain_step_fn(model_path: Path, batch: DataProto) -> Callable[[], None]:
-    """The baseline: HF forward with full logits, masked token-mean NLL, clip, AdamW."""
+def plain_step_fn(model_path: Path, batch: DataProto, device: str, param_dtype: str) -> Callable[[], None]:
+    """The baseline: HF forward with full logits (under bf16 autocast for bf16 compute), masked token-mean
+    NLL, clip, AdamW; fp32 weights."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
-    model.train()
+    model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    ids, mask, loss_mask = batch.batch["input_ids"], batch.batch["attention_mask"], batch.batch["loss_mask"]
+    ids, mask, loss_mask = (batch.batch[key].to(device) for key in ("input_ids", "attention_mask", "loss_mask"))
+    compute_dtype = getattr(torch, param_dtype)
 
     def step() -> None:
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        with torch.autocast(torch.device(device).type, dtype=compute_dtype, enabled=compute_dtype != torch.float32):
+            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         log_probs = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         loss = -(log_probs * loss_mask[:, 1:]).sum() / loss_mask.sum()
         loss.backward()
@@ -68,7 +76,7 @@ def plain_step_fn(model_path: Path, batch: DataProto) -> Callable[[], None]:
 
 
 def engine_step_fn(name: str, model_path: Path, batch: DataProto, **overrides: object) -> Callable[[], None]:
-    config = {"name": name, "device": "cpu", "micro_batch_size": len(batch), "optimizer": {"lr": 1e-5}, **overrides}
+    config = {"name": name, "micro_batch_size": len(batch), "optimizer": {"lr": 1e-5}, **overrides}
     engine = build_engine(config, model_path)
     engine.initialize()
 
@@ -91,32 +99,45 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps-per-round", type=int, default=3)
     parser.add_argument("--engines", nargs="*", default=EngineRegistry.names(), help="default: every registered engine")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (then a one-rank NCCL group)")
+    parser.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
+    parser.add_argument("--no-variants", action="store_true", help="leave out VARIANTS (e.g. torchtitan+compile)")
     parser.add_argument("--json", default=None, help="write the result file (bench/results.py) here")
     args = parser.parse_args()
     print(machine_line())
     limit_cpu_threads(1)
+    common = {"device": args.device, "param_dtype": args.param_dtype}
+    engines = [name for name in args.engines if args.param_dtype == "float32"
+               or Capability.MIXED_PRECISION in EngineRegistry.get(name).capabilities]
+    variants = {} if args.no_variants else VARIANTS
+    synchronize = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
     with tempfile.TemporaryDirectory() as tmp:
         model_path = build_preset(Path(tmp) / "model", tokenizer_corpus(), preset=args.size, seed=0)
         vocab = AutoModelForCausalLM.from_pretrained(model_path).config.vocab_size
         batch = make_batch(args.rows, args.seq_len, vocab)
-        contenders = {"plain": plain_step_fn(model_path, batch)}
-        contenders.update({name: engine_step_fn(name, model_path, batch) for name in args.engines})
-        contenders.update({label: engine_step_fn(name, model_path, batch, **overrides)
-                           for label, (name, overrides) in VARIANTS.items() if name in args.engines})
+        contenders = {"plain": plain_step_fn(model_path, batch, args.device, args.param_dtype)}
+        contenders.update({name: engine_step_fn(name, model_path, batch, **common) for name in engines})
+        contenders.update({label: engine_step_fn(name, model_path, batch, **common, **overrides)
+                           for label, (name, overrides) in variants.items() if name in engines})
         for step in contenders.values():  # warm-up: allocator, optimizer state, first-call overheads
             step()
         seconds: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(args.rounds):
             for name, step in contenders.items():
+                synchronize()
                 start = time.perf_counter()
                 for _ in range(args.steps_per_round):
                     step()
+                synchronize()
                 seconds[name].append((time.perf_counter() - start) / args.steps_per_round)
     tokens = args.rows * args.seq_len
     speed = {name: tokens / statistics.median(times) for name, times in seconds.items()}
-    settings = f"model preset={args.size}, batch {args.rows} x {args.seq_len} tokens, fp32, 1 thread, world size 1"
+    threads = "" if args.device != "cpu" else ", 1 thread"
+    settings = (f"model preset={args.size}, batch {args.rows} x {args.seq_len} tokens, {args.device}, "
+                f"compute {args.param_dtype}{threads}, world size 1")
     print(settings)
-    result = BenchResult(bench="engine_throughput", title="Engine training throughput vs a plain PyTorch loop",
+    result = BenchResult(bench="engine_throughput",
+                         title=f"Engine training throughput vs a plain PyTorch loop ({args.device}, {args.param_dtype} compute)",
                          notes=[settings, f"medians of {args.rounds} interleaved rounds of {args.steps_per_round} steps"])
     for name, tokens_per_s in speed.items():
         ratio = tokens_per_s / speed["plain"]

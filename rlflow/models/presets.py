@@ -69,6 +69,9 @@ PRESETS: dict[str, Preset] = {
     "small": Preset("qwen2", 256, 768, 4, 8, 4, 32, tie_word_embeddings=False),
     # ~25M parameters: benchmarks.
     "25m": Preset("qwen2", 512, 1536, 8, 8, 4, 64, tie_word_embeddings=False),
+    # ~358M parameters: Qwen2.5-0.5B's layer shapes (hidden 896, 24 layers, GQA 14:2, tied embeddings)
+    # with rlflow's small vocabulary: GPU benches (bench/gpu_check.sh).
+    "500m": Preset("qwen2", 896, 4864, 24, 14, 2, 64, tie_word_embeddings=True),
     # 4 layers (2 or 4 pipeline stages), GQA 4:2, tiny widths: one per architecture.
     "tiny-qwen2": Preset("qwen2", 128, 384, 4, 4, 2, 32, tie_word_embeddings=True),
     "tiny-qwen3": Preset("qwen3", 128, 384, 4, 4, 2, 32, tie_word_embeddings=True),
