@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from rlflow.utils.device import host_to_device
 from rlflow.utils.safe_io import UnsafeContentError, decode_values, encode_values, load_weights_only, save_atomic
 
 __all__ = ["DataProto", "DataProtoError", "DataProtoFuture"]
@@ -304,8 +305,9 @@ class DataProto:
             yield from shuffled.split(mini_batch_size)
 
     def to(self, device: torch.device | str) -> "DataProto":
-        """Move tensors to ``device`` in place; returns self."""
-        self.batch = {k: v.to(device) for k, v in self.batch.items()}
+        """Move tensors to ``device`` in place; returns self. Host to accelerator copies do not block the
+        host (``utils.device.host_to_device``)."""
+        self.batch = {k: host_to_device(v, device) for k, v in self.batch.items()}
         return self
 
     def copy(self) -> "DataProto":

@@ -45,6 +45,16 @@ def set_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
     return device
 
 
+def host_to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``tensor`` on ``device``. A host tensor bound for the accelerator is copied through pinned
+    memory without blocking: a plain ``.to`` from pageable memory waits for the stream, so a
+    per-micro-batch copy would stall the host until the GPU drained the previous micro-batch's work
+    (measured on an H100: the engines' bf16 step took twice the plain loop's at the same GPU time)."""
+    if tensor.device.type == "cpu" and torch.device(device).type == _ACCELERATOR:
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def dist_backend_for(device_type: str) -> str:
     """torch.distributed backend for a device type: gloo on CPU, nccl on CUDA."""
     return "gloo" if device_type == "cpu" else "nccl"

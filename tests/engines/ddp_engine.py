@@ -87,7 +87,7 @@ class DDPTestEngine(BaseEngine):
         self, batch: DataProto, loss_fn: Optional[LossFn] = None, forward_only: bool = False
     ) -> tuple[DataProto, dict[str, Any]]:
         forward = partial(forward_micro_batch, self.module, config=self.config,
-                          attn_implementation=self.module.module.attn_implementation)
+                          attn_implementation=self.module.module.attn_implementation, device=self.device)
         with self.offloader.params_resident():
             return run_forward_backward(
                 batch, forward, loss_fn, forward_only, self.config, group=None, device=self.device, no_sync=self.module.no_sync

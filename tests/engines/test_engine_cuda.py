@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from cuda_scenarios import cuda_suite
+from cuda_scenarios import cuda_suite, probe_batch
 from engine_testlib import ENGINES, REFERENCE_LRS, engines_with, load_results, spawn
 from rlflow.engines.base import Capability
+from rlflow.engines.common.packing import make_token_stream
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -69,3 +70,26 @@ def test_bf16_compute_on_the_gpu_keeps_fp32_master_weights(engine: str, cuda_res
     assert run["master_dtypes"] == {torch.float32}
     assert run["loss"] == pytest.approx(fp32_loss, abs=5e-2) and run["loss"] != fp32_loss
     assert not run["step"]["skipped"] and run["step"]["grad_norm"] > 0
+
+
+@pytest.mark.parametrize("remove_padding", [True, False], ids=["packed", "padded"])
+def test_a_micro_batch_reaches_the_gpu_without_waiting_for_it(remove_padding: bool) -> None:
+    """The layout is computed on the host and copied without a stream synchronisation, so the host can queue
+    the next micro-batch while the GPU runs this one (forward_backward.py). A blocking copy or a ``nonzero``
+    on the device raises under torch's sync debug mode."""
+    micro = probe_batch()
+    busy = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(8):
+            busy = busy @ busy / 64  # queued device work the host must not wait for
+        stream = make_token_stream(micro.batch["input_ids"], micro.batch["attention_mask"],
+                                   micro.batch["position_ids"], remove_padding=remove_padding).to(torch.device("cuda"))
+        on_device = micro.copy().to("cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    host = make_token_stream(micro.batch["input_ids"], micro.batch["attention_mask"], micro.batch["position_ids"],
+                             remove_padding=remove_padding)
+    assert torch.equal(stream.input_ids.cpu(), host.input_ids) and torch.equal(stream.source_index.cpu(), host.source_index)
+    assert all(torch.equal(on_device.batch[key].cpu(), micro.batch[key]) for key in micro.batch)

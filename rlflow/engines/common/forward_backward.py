@@ -6,6 +6,11 @@ engine's ``forward`` (one model call on one micro-batch, returning differentiabl
 per-token outputs), the ``loss_fn`` and, when training, ``backward``. Outputs come back
 in the input row order; the metrics follow ``BaseEngine.forward_backward``.
 
+Nothing in the loop waits for the device: ``forward`` gets the micro-batch on the host (it lays
+the model's input out there and copies it over), the loss gets a non-blocking copy, and the
+loss function's metrics are read once after the last micro-batch. On a GPU the host then queues
+micro-batch i+1 while the device still runs micro-batch i.
+
 The engine supplies ``forward`` and, if its gradient reduction can be deferred,
 ``no_sync`` (a context manager that suspends it, like DDP's): every micro-batch but
 the last then runs inside it, so gradients are reduced once per mini-batch.
@@ -30,7 +35,7 @@ from rlflow.protocol import DataProto
 
 __all__ = ["check_batch", "run_forward_backward"]
 
-MicroBatchForward = Callable[[DataProto], dict[str, torch.Tensor]]
+MicroBatchForward = Callable[[DataProto], dict[str, torch.Tensor]]  # host micro-batch -> outputs on the device
 
 
 def check_batch(batch: DataProto, loss_fn: Optional[LossFn], forward_only: bool) -> None:
@@ -53,7 +58,8 @@ def run_forward_backward(
     device: torch.device,
     no_sync: Optional[Callable[[], AbstractContextManager[Any]]] = None,
 ) -> tuple[DataProto, dict[str, Any]]:
-    """``BaseEngine.forward_backward`` for a DP ``group``; ``forward(micro_batch)`` runs one micro-batch on ``device``."""
+    """``BaseEngine.forward_backward`` for a DP ``group``; ``forward(micro_batch)`` runs one micro-batch, given on the
+    host, on ``device``."""
     check_batch(batch, loss_fn, forward_only)
     plan = plan_micro_batches(
         batch.batch["attention_mask"].sum(-1).tolist(),
@@ -67,25 +73,26 @@ def run_forward_backward(
     training = loss_fn is not None and not forward_only
     outputs: dict[str, list[torch.Tensor]] = defaultdict(list)
     losses: list[torch.Tensor] = []
-    metric_lists: dict[str, list[float]] = defaultdict(list)
+    metric_lists: dict[str, list[Any]] = defaultdict(list)  # floats or device scalars, read after the loop
     last = len(plan.groups) - 1
     with torch.set_grad_enabled(not forward_only):
         for index, rows in enumerate(plan.groups):
             deferred = training and no_sync is not None and index < last
             with no_sync() if deferred else nullcontext():
-                micro = batch[rows].to(device)
-                model_out = forward(micro)
+                host_micro = batch[rows]
+                model_out = forward(host_micro)
                 if loss_fn is not None:
+                    micro = host_micro.to(device)
                     loss, metrics = loss_fn(model_out, micro, counts.context(index))
                     if training:
                         loss.backward()
                     losses.append(loss.detach())
                     for key, value in (metrics or {}).items():
-                        metric_lists[key].append(float(value))
+                        metric_lists[key].append(value.detach() if isinstance(value, torch.Tensor) else value)
             for key, value in model_out.items():
                 outputs[key].append(value.detach())
     result = DataProto.from_dict({key: plan.restore(torch.cat(parts)) for key, parts in outputs.items()})
-    metrics_out: dict[str, Any] = {key: sum(vals) / len(vals) for key, vals in metric_lists.items()}
+    metrics_out: dict[str, Any] = {key: sum(float(v) for v in vals) / len(vals) for key, vals in metric_lists.items()}
     metrics_out["num_micro_batches"] = len(plan.groups)
     if counts is not None:
         metrics_out["loss"] = global_loss(losses, counts.dp_size, group, device)

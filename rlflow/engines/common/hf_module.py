@@ -50,10 +50,13 @@ def forward_micro_batch(
     micro: DataProto,
     config: EngineConfig,
     attn_implementation: str,
+    device: torch.device,
     hidden_size: Optional[int] = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-token outputs of one micro-batch (``[b, T]``, differentiable) from the wrapped forward module;
-    ``attn_implementation`` and ``hidden_size`` (the ``ForwardModule``'s) choose the packed layout."""
+    """Per-token outputs of one micro-batch (``[b, T]``, differentiable, on ``device``) from the wrapped
+    forward module. ``micro`` is on the host: the stream is laid out there and then moved, so the layout's
+    data-dependent shapes never synchronise the device. ``attn_implementation`` and ``hidden_size``
+    (the ``ForwardModule``'s) choose the packed layout."""
     stream = make_token_stream(
         micro.batch["input_ids"],
         micro.batch["attention_mask"],
@@ -61,7 +64,7 @@ def forward_micro_batch(
         remove_padding=config.use_remove_padding,
         attn_implementation=attn_implementation,
         hidden_size=hidden_size,
-    )
+    ).to(device)
     temperature = float(micro.meta_info.get("temperature", 1.0))
     compute_entropy = bool(micro.meta_info.get("compute_entropy", False))
     return module(stream, temperature, compute_entropy)

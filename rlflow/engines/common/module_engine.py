@@ -94,7 +94,7 @@ class ModuleEngine(DelegatingEngine):
     ) -> tuple[DataProto, dict[str, Any]]:
         self._require_initialized()
         forward = partial(forward_micro_batch, self.module, config=self.config, hidden_size=self.hidden_size,
-                          attn_implementation=self.attn_implementation)
+                          attn_implementation=self.attn_implementation, device=self.device)
         with self.offloader.params_resident():
             return run_forward_backward(
                 batch, forward, loss_fn, forward_only, self.config, group=self.dp_group, device=self.device,

@@ -32,10 +32,12 @@ predict the token at ``target_index = source_index + 1``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Optional
 
 import torch
+
+from rlflow.utils.device import host_to_device
 
 __all__ = [
     "VARLEN_ATTENTION",
@@ -85,6 +87,13 @@ class TokenStream:
     def labels(self) -> torch.Tensor:
         """The token each ``source_index`` slot predicts."""
         return self.input_ids.reshape(-1).index_select(0, self.target_index)
+
+    def to(self, device: torch.device) -> "TokenStream":
+        """The same stream with its tensors on ``device`` (a layout is computed on the host, where its
+        ``nonzero`` calls cost no device synchronisation, then moved)."""
+        moved = {field.name: host_to_device(value, device) for field in fields(self)
+                 if isinstance(value := getattr(self, field.name), torch.Tensor)}
+        return replace(self, **moved)
 
     def to_rows(self, flat: torch.Tensor) -> torch.Tensor:
         """Per-slot values as a new ``[b, T]`` tensor (zeros at padding); differentiable, never a view

@@ -55,7 +55,7 @@ class _LastStageRecord:
     def __init__(self) -> None:
         self.outputs: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.losses: list[torch.Tensor] = []
-        self.metrics: dict[str, list[float]] = defaultdict(list)
+        self.metrics: dict[str, list[Any]] = defaultdict(list)
 
     def loss_func(
         self, micro: _MicroBatch, loss_fn: Optional[LossFn], counts: Optional[GlobalCounts], num_micro_batches: int,
@@ -67,8 +67,8 @@ class _LastStageRecord:
             return torch.zeros((), device=next(iter(outputs.values())).device), {}
         loss, metrics = loss_fn(outputs, micro.data, counts.context(micro.index))
         self.losses.append(loss.detach())
-        for key, value in (metrics or {}).items():
-            self.metrics[key].append(float(value))
+        for key, value in (metrics or {}).items():  # read after the schedule: no device sync per micro-batch
+            self.metrics[key].append(value.detach() if isinstance(value, torch.Tensor) else value)
         return loss * num_micro_batches, {}  # the schedule divides by num_micro_batches
 
 
@@ -92,9 +92,10 @@ def run_schedule(
     )
     counts = global_counts(batch, len(plan.groups), ranks.dp_group, device) if loss_fn is not None else None
     micro_batches = []
-    for index, rows in enumerate(plan.groups):
-        micro = batch[rows].to(device)
-        micro_batches.append(_MicroBatch(index, micro, stream_layout(micro)))
+    for index, rows in enumerate(plan.groups):  # laid out on the host, then copied (forward_backward.py)
+        micro = batch[rows]
+        stream = stream_layout(micro).to(device)
+        micro_batches.append(_MicroBatch(index, micro.to(device), stream))
     temperature = float(batch.meta_info.get("temperature", 1.0))
     compute_entropy = bool(batch.meta_info.get("compute_entropy", False))
     record = _LastStageRecord()
@@ -118,7 +119,7 @@ def run_schedule(
 
 def _results(record: _LastStageRecord, plan: MicroBatchPlan, counts: Optional[GlobalCounts], ranks: ParallelRanks,
              device: torch.device) -> tuple[DataProto, dict[str, Any]]:
-    metrics: dict[str, Any] = {key: sum(values) / len(values) for key, values in record.metrics.items()}
+    metrics: dict[str, Any] = {key: sum(float(v) for v in values) / len(values) for key, values in record.metrics.items()}
     metrics["num_micro_batches"] = len(plan.groups)
     if counts is not None:
         metrics["loss"] = global_loss(record.losses, counts.dp_size, ranks.dp_group, device)
