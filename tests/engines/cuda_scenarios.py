@@ -32,11 +32,12 @@ from engine_testlib import (
     train_steps,
 )
 from rlflow.engines.base import BaseEngine, Capability
+from rlflow.protocol import DataProto
 
 DEVICE = "cuda"
 
 
-def probe_batch() -> Any:
+def probe_batch() -> DataProto:
     batch = make_batch(seed=51, rows=7, width=40)
     batch.batch["position_ids"] = position_ids_of(batch.batch["attention_mask"])
     batch.meta_info.update(compute_entropy=True)
@@ -53,7 +54,7 @@ def _optimizer_devices(engine: BaseEngine) -> set[str]:
             for value in state.values() if torch.is_tensor(value) and value.dim() > 0}
 
 
-def _fp32_runs(name: str, model_path: Path, batches: list, probe: Any) -> dict[str, Any]:
+def _fp32_runs(name: str, model_path: Path, batches: list[DataProto], probe: DataProto) -> dict[str, Any]:
     engine = new_engine(engine_config(name, device=DEVICE, micro_batch_size=4), model_path)
     out, _ = engine.forward_backward(probe, forward_only=True)
     record = train_steps(engine, batches, 0, 1)
@@ -65,7 +66,7 @@ def _fp32_runs(name: str, model_path: Path, batches: list, probe: Any) -> dict[s
     return record
 
 
-def _offloaded_runs(name: str, model_path: Path, batches: list) -> dict[str, Any]:
+def _offloaded_runs(name: str, model_path: Path, batches: list[DataProto]) -> dict[str, Any]:
     torch.cuda.empty_cache()
     baseline = torch.cuda.memory_allocated()
     config = engine_config(name, device=DEVICE, micro_batch_size=4, param_offload=True, optimizer_offload=True)
