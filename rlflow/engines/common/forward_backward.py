@@ -33,9 +33,24 @@ from rlflow.engines.common.micro_batching import plan_micro_batches
 from rlflow.engines.config import EngineConfig
 from rlflow.protocol import DataProto
 
-__all__ = ["check_batch", "run_forward_backward"]
+__all__ = ["MicroBatchMetrics", "check_batch", "run_forward_backward"]
 
 MicroBatchForward = Callable[[DataProto], dict[str, torch.Tensor]]  # host micro-batch -> outputs on the device
+
+
+class MicroBatchMetrics:
+    """The loss function's metrics of each micro-batch, kept as given (device scalars too) and read once,
+    as means, after the last micro-batch: reading a device scalar per micro-batch would wait for the device."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[Any]] = defaultdict(list)
+
+    def add(self, metrics: Optional[dict[str, Any]]) -> None:
+        for key, value in (metrics or {}).items():
+            self.values[key].append(value.detach() if isinstance(value, torch.Tensor) else value)
+
+    def means(self) -> dict[str, float]:
+        return {key: sum(float(v) for v in values) / len(values) for key, values in self.values.items()}
 
 
 def check_batch(batch: DataProto, loss_fn: Optional[LossFn], forward_only: bool) -> None:
@@ -73,7 +88,7 @@ def run_forward_backward(
     training = loss_fn is not None and not forward_only
     outputs: dict[str, list[torch.Tensor]] = defaultdict(list)
     losses: list[torch.Tensor] = []
-    metric_lists: dict[str, list[Any]] = defaultdict(list)  # floats or device scalars, read after the loop
+    metric_record = MicroBatchMetrics()
     last = len(plan.groups) - 1
     with torch.set_grad_enabled(not forward_only):
         for index, rows in enumerate(plan.groups):
@@ -87,12 +102,11 @@ def run_forward_backward(
                     if training:
                         loss.backward()
                     losses.append(loss.detach())
-                    for key, value in (metrics or {}).items():
-                        metric_lists[key].append(value.detach() if isinstance(value, torch.Tensor) else value)
+                    metric_record.add(metrics)
             for key, value in model_out.items():
                 outputs[key].append(value.detach())
     result = DataProto.from_dict({key: plan.restore(torch.cat(parts)) for key, parts in outputs.items()})
-    metrics_out: dict[str, Any] = {key: sum(float(v) for v in vals) / len(vals) for key, vals in metric_lists.items()}
+    metrics_out: dict[str, Any] = metric_record.means()
     metrics_out["num_micro_batches"] = len(plan.groups)
     if counts is not None:
         metrics_out["loss"] = global_loss(losses, counts.dp_size, group, device)

@@ -31,7 +31,7 @@ from megatron.core.distributed import DistributedDataParallel as MegatronDDP
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from rlflow.engines.base import LossFn
-from rlflow.engines.common.forward_backward import check_batch
+from rlflow.engines.common.forward_backward import MicroBatchMetrics, check_batch
 from rlflow.engines.common.loss_scaling import GlobalCounts, global_counts, global_loss
 from rlflow.engines.common.micro_batching import MicroBatchPlan, plan_micro_batches
 from rlflow.engines.common.packing import TokenStream
@@ -55,7 +55,7 @@ class _LastStageRecord:
     def __init__(self) -> None:
         self.outputs: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.losses: list[torch.Tensor] = []
-        self.metrics: dict[str, list[Any]] = defaultdict(list)
+        self.metrics = MicroBatchMetrics()
 
     def loss_func(
         self, micro: _MicroBatch, loss_fn: Optional[LossFn], counts: Optional[GlobalCounts], num_micro_batches: int,
@@ -67,8 +67,7 @@ class _LastStageRecord:
             return torch.zeros((), device=next(iter(outputs.values())).device), {}
         loss, metrics = loss_fn(outputs, micro.data, counts.context(micro.index))
         self.losses.append(loss.detach())
-        for key, value in (metrics or {}).items():  # read after the schedule: no device sync per micro-batch
-            self.metrics[key].append(value.detach() if isinstance(value, torch.Tensor) else value)
+        self.metrics.add(metrics)
         return loss * num_micro_batches, {}  # the schedule divides by num_micro_batches
 
 
@@ -119,7 +118,7 @@ def run_schedule(
 
 def _results(record: _LastStageRecord, plan: MicroBatchPlan, counts: Optional[GlobalCounts], ranks: ParallelRanks,
              device: torch.device) -> tuple[DataProto, dict[str, Any]]:
-    metrics: dict[str, Any] = {key: sum(float(v) for v in values) / len(values) for key, values in record.metrics.items()}
+    metrics: dict[str, Any] = record.metrics.means()
     metrics["num_micro_batches"] = len(plan.groups)
     if counts is not None:
         metrics["loss"] = global_loss(record.losses, counts.dp_size, ranks.dp_group, device)
