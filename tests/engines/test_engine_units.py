@@ -22,7 +22,7 @@ from rlflow.engines.common.models import get_model_kind
 from rlflow.engines.common.lr_schedulers import LR_SCHEDULE_REGISTRY, LRSchedule, register_lr_schedule
 from rlflow.engines.common.micro_batching import balanced_partition, plan_micro_batches
 from rlflow.engines.common.optimizers import build_adamw, clean_param_name, no_decay_names
-from rlflow.engines.common.packing import make_token_stream, row_width
+from rlflow.engines.common.packing import first_fit_rows, make_token_stream, row_width
 from rlflow.engines.config import (
     EngineConfig,
     HFModuleEngineConfig,
@@ -117,6 +117,17 @@ def test_row_width_widens_rows_only_when_the_filler_saved_outweighs_the_attentio
     assert row_width(similar, hidden_size=512) > 84  # wider rows pair them up
     assert row_width(similar, hidden_size=8) == 84  # attention dear relative to the layers: keep rows short
     assert row_width([84, 20, 20, 20, 20], hidden_size=512) == 84  # already filled at width 84
+
+
+def test_row_width_finds_the_fit_between_two_multiples_of_the_longest() -> None:
+    lengths = [100] + [60] * 40  # two 60s fill a row of 120+, one fills a row of 100, three need 180+
+    width = row_width(lengths, hidden_size=512)
+    assert 120 <= width < 200
+
+    def slots(width: int) -> int:
+        return len(first_fit_rows(lengths, width)) * width
+
+    assert slots(width) < min(slots(multiple * 100) for multiple in (1, 2, 3, 4))  # fewer slots than any multiple
 
 
 def test_wide_packed_rows_keep_each_sequence_apart() -> None:
