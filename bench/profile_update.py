@@ -1,7 +1,7 @@
 """Profile one GRPO actor update (one rank's share) in this process with ``torch.profiler``.
 
     python bench/profile_update.py [--model DIR] [--rows 128] [--prompt-len 20] [--response-len 64]
-        [--mean-response 64] [--micro-batch-size 4] [--set KEY=VALUE ...] [--trace out.json]
+        [--mean-response 64] [--micro-batch-size 4] [--set KEY=VALUE ...] [--trace out.json] [--by-shape]
 
 The update is exactly what the PPO driver runs on one rank: ``Actor.forward_backward`` logic
 (on-policy, old log-probs from the update's forward, entropy on) through the configured engine,
@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="extra Hydra overrides of the ppo config")
     parser.add_argument("--trace", type=Path, default=None, help="write a Chrome trace here")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--by-shape", action="store_true", help="also print the top operators grouped by input shapes")
     args = parser.parse_args()
     print(machine_line())
     limit_cpu_threads(1)
@@ -100,10 +101,12 @@ def main() -> None:
           f"{int(data.batch['response_mask'].sum())}; overrides {args.set}")
     update(engine, loss_fn, data)  # warm-up
     start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=args.by_shape) as prof:
         metrics = update(engine, loss_fn, data)
     seconds = time.perf_counter() - start
     print(f"profiled update: {seconds:.2f} s (with profiler), grad_norm {metrics.get('actor/grad_norm')}")
+    if args.by_shape:
+        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=args.top))
     averages = prof.key_averages()
     total = sum(event.self_cpu_time_total for event in averages)
     phases = {e.key: e.cpu_time_total for e in averages if e.key.startswith("phase/")}
