@@ -53,7 +53,8 @@ FSDP_ROWS: list[tuple[Optional[str], Optional[str], str]] = [
     ("offload_policy", None, "param_offload / optimizer_offload"),
     ("use_orig_params", None, "the fsdp engine always uses use_orig_params=True"),
     ("ulysses_sequence_parallel_size", None, "no sequence parallelism"),
-    ("use_torch_compile", None, "no torch.compile"),
+    ("use_torch_compile", "compile", "fsdp2 and torchtitan engines: torch.compile of each decoder layer (verl: of "
+                                     "its entropy function); off by default (verl: on)"),
     ("full_determinism", None, "seeded runs reproduce by default (docs/reliability.md)"),
 ]
 # rlflow engine keys every mount has that no verl key sets.

@@ -10,7 +10,9 @@ a time (``DTensor.full_tensor``). With ``defer_grad_reduce`` (default) the micro
 mini-batch accumulate unsharded gradients and only the last one reduce-scatters them (one
 reduction per optimizer step instead of one per micro-batch, at the cost of one full-size
 gradient copy per rank between micro-batches). A checkpoint resumes at any world size that
-``hybrid_replicate_size`` divides (DCP reshards).
+``hybrid_replicate_size`` divides (DCP reshards). ``compile`` runs each decoder layer's forward
+through ``torch.compile`` (parameter names, hooks and checkpoints unchanged); FSDP1 cannot,
+its flat parameters change size under the compiled code.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class FSDP2EngineConfig(HFModuleEngineConfig):
     reshard_after_forward: bool = True  # free gathered layer weights after forward (re-gather in backward)
     hybrid_replicate_size: int = 1  # >1: HSDP, world = replicate x shard; shards replicate across groups
     defer_grad_reduce: bool = True  # reduce-scatter gradients once per mini-batch, not per micro-batch
+    compile: bool = False  # torch.compile each decoder layer's forward (inductor)
 
 
 @EngineRegistry.register("fsdp2")
@@ -71,6 +74,8 @@ class FSDP2Engine(ModuleEngine):
         options = {"mesh": self.device_mesh, "mp_policy": mp_policy, "reshard_after_forward": cfg.reshard_after_forward}
         layer_classes = tuple(decoder_layer_classes(module, cfg.wrap_layer_classes))
         for layer in [m for m in module.modules() if isinstance(m, layer_classes)]:
+            if cfg.compile:  # the forward only: fully_shard's hooks (all-gather, reduce-scatter) run around it
+                layer.forward = torch.compile(layer.forward)
             fully_shard(layer, **options)
         fully_shard(module, **options)
         return module

@@ -23,6 +23,7 @@ from engine_testlib import (
     engine_config,
     engines_with,
     full_grads,
+    engines_with_option,
     local_share,
     make_batch,
     new_engine,
@@ -55,7 +56,16 @@ def parity_configs(world_size: int) -> dict[str, dict[str, Any]]:
             configs[f"{name}-gradckpt"] = engine_config(name, gradient_checkpointing=True, micro_batch_size=4)
     if world_size == 2:
         configs["fsdp2-hybrid"] = engine_config("fsdp2", hybrid_replicate_size=2, micro_batch_size=2)
+        for name in engines_with_option("compile"):
+            configs[f"{name}-compile"] = engine_config(name, compile=True, micro_batch_size=1)
     return configs
+
+
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has built in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def parity_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
@@ -63,8 +73,10 @@ def parity_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) ->
     batches = [make_batch(seed) for seed in range(3)]
     results: dict[str, Any] = {"reference": reference_training(model_path, batches) if rank == 0 else None}
     for label, config in parity_configs(world_size).items():
+        graphs_before = compiled_graphs()
         engine = new_engine(config, model_path)
         record = train_steps(engine, batches, rank, world_size)
+        record["compiled_graphs"] = compiled_graphs() - graphs_before
         record["params"] = {name: tensor.clone() for name, tensor in engine.export_hf_weights()}
         results[label] = record
     save_results(rank, out_dir, f"parity_ws{world_size}.pt", results)

@@ -3,7 +3,7 @@
 * ``build_test_model``: the tiny preset, shrunk further (2 layers, hidden 64), via the preset builder;
 * ``make_batch``: sequences of very different lengths, left- and right-padded, with a loss mask;
 * ``spawn``: run a function in ``world_size`` real processes joined by a real gloo (or NCCL) group;
-* ``ENGINES`` / ``engines_with``: every registered engine (``test_ddp`` included), and those
+* ``ENGINES`` / ``engines_with`` / ``engines_with_option``: every registered engine (``test_ddp`` included), and those
   declaring some capabilities; ``new_engine`` / ``train_steps`` / ``save_results``: what a
   spawned scenario does with them;
 * the plain single-process PyTorch reference (HF model + AdamW loop, full logits,
@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,6 +46,11 @@ ENGINES = tuple(EngineRegistry.names())
 def engines_with(*needs: Capability, among: tuple[str, ...] = ENGINES) -> tuple[str, ...]:
     """The engines of ``among`` (default: every registered one) whose class declares every capability in ``needs``."""
     return tuple(name for name in among if set(needs) <= EngineRegistry.get(name).capabilities)
+
+
+def engines_with_option(option: str) -> tuple[str, ...]:
+    """The registered engines whose config has the field ``option``."""
+    return tuple(name for name in ENGINES if option in {f.name for f in fields(EngineRegistry.get(name).config_class)})
 
 
 def build_test_model(folder: Path) -> Path:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from engine_scenarios import FSDP2_REDUCE_EVERY_MICRO, parity_configs
-from engine_testlib import ENGINES, REFERENCE_LRS, engines_with, load_results
+from engine_testlib import ENGINES, REFERENCE_LRS, engines_with, engines_with_option, load_results
 from rlflow.algos import loss_agg_modes
 from rlflow.engines import EngineRegistry
 from rlflow.engines.base import Capability
@@ -63,6 +63,18 @@ def test_three_steps_match_plain_pytorch(world_size: int, label: str, request: p
         torch.testing.assert_close(run["params"][name], param, rtol=1e-4, atol=1e-5, msg=name)
     # the reference really moved: parity is not two untouched copies of the initial weights
     assert reference["losses"][2] < reference["losses"][0]
+
+
+def test_compile_runs_the_layers_through_torch_compile(two_rank: Path) -> None:
+    """``compile=true`` builds compiled graphs beyond what the same engine builds without it (megatron's fused
+    SwiGLU compiles whatever this option says); the parity test above checks their numbers."""
+    results = _results(two_rank, "parity_ws2.pt")
+    compiled = [label for label in parity_configs(2) if label.endswith("-compile")]
+    assert compiled == [f"{name}-compile" for name in engines_with_option("compile")] and "fsdp2-compile" in compiled
+    for label in compiled:
+        plain = label.replace("-compile", "-rmpad1-mbs1")  # the same engine and micro-batches, compile off
+        graphs, plain_graphs = results[label]["compiled_graphs"], results[plain]["compiled_graphs"]
+        assert graphs > plain_graphs, f"{label}: {graphs} compiled graphs, {plain_graphs} without compile"
 
 
 # ------------------------------------------------------------------------ gradient accumulation
