@@ -3,9 +3,9 @@
 * ``build_test_model``: the tiny preset, shrunk further (2 layers, hidden 64), via the preset builder;
 * ``make_batch``: sequences of very different lengths, left- and right-padded, with a loss mask;
 * ``spawn``: run a function in ``world_size`` real processes joined by a real gloo (or NCCL) group;
-* ``ENGINES`` / ``engines_with`` / ``engines_with_option``: every registered engine (``test_ddp`` included), and those
-  declaring some capabilities; ``new_engine`` / ``train_steps`` / ``save_results``: what a
-  spawned scenario does with them;
+* ``ENGINES`` / ``engines_with`` / ``engines_with_option``: every registered engine (``test_ddp``
+  included), those declaring some capabilities, those with some config option; ``new_engine`` /
+  ``train_steps`` / ``save_results``: what a spawned scenario does with them;
 * the plain single-process PyTorch reference (HF model + AdamW loop, full logits,
   written independently of the engine code) and ``full_grads`` to read an engine's gradients.
 """

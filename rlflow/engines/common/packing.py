@@ -20,7 +20,8 @@ sequences are longer than half of it (an RL batch of similar-length responses: ~
 slots, measured); wider rows fill up but make every slot's attention dearer. ``row_width``
 tries every width from the longest sequence to four times it in steps of an eighth of it (the
 best fit often lies between two multiples: under a longest sequence of 100, rows of 124 take
-two sequences of 60 where rows of 100 take one) and picks the ``W`` with the lowest estimated cost ``slots(W) * (1 + W / (3 * hidden_size))``:
+two sequences of 60 where rows of 100 take one) and picks the ``W`` with the lowest estimated
+cost ``slots(W) * (1 + W / (3 * hidden_size))``:
 per slot and layer the linear layers cost ~72 h^2 FLOPs (forward and backward) and masked
 attention over a row ~12 W h, and the CPU flash kernel runs at about half the GEMM rate
 (measured: 5.7% of the update at W=84, h=512), hence ``3 h``. Without a hidden size the
