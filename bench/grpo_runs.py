@@ -3,7 +3,9 @@
 
 * rlflow: ``python -m rlflow.trainer.main_ppo`` with Hydra overrides, its best documented way on
   a CPU machine (``trainer.n_procs_per_node`` = cores, one torch thread per process, FSDP2 actor
-  colocated with an in-process vLLM rollout, GRPO, the on-policy old-log-prob reuse default).
+  colocated with an in-process vLLM rollout, GRPO, the on-policy old-log-prob reuse default, the
+  actor's decoder layers compiled (``actor.engine.compile``, docs/engines.md) and vLLM's compiled
+  graphs (``rollout.enforce_eager=false``): both compile during the first steps, then run faster).
   Step and phases come from the run's ``metrics.jsonl`` (``timing_s/*``).
 * TRL: ``bench/trl_grpo_runner.py`` in the TRL venv; its JSON lines on stdout.
 
@@ -40,6 +42,7 @@ def rlflow_overrides(workload: Workload, model: Path, data: Path, run_dir: Path,
         f"trainer.n_procs_per_node={workers}", f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=false", "trainer.logger=[jsonl]", "trainer.resume_mode=disable",
         f"trainer.default_local_dir={run_dir}", f"data.seed={workload.seed}",
+        "actor.engine.compile=true", "rollout.enforce_eager=false",
     ]
 
 
