@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from rlflow.config import ConfigError
 from rlflow.config.schema import PPOConfig, SFTConfig
@@ -20,8 +20,10 @@ from rlflow.engines.registry import EngineRegistry
 ENTRY_SCHEMAS: dict[str, type] = {"ppo_trainer": PPOConfig, "sft_trainer": SFTConfig}
 
 
-def _engine_config_classes() -> list[type]:
-    return [EngineRegistry.get(name).config_class for name in EngineRegistry.names()]
+def _engine_config_classes() -> Iterator[type]:
+    """Each engine's config class, imported one at a time: a key the first engines have stops the
+    search there, so checking ``actor.engine.micro_batch_size`` never imports Megatron or torchtitan."""
+    return (EngineRegistry.get(name).config_class for name in EngineRegistry.names())
 
 
 def _has_key(schema: type, parts: list[str]) -> bool:

@@ -94,3 +94,18 @@ def test_cli_names_the_rlflow_key_in_one_line_before_ray(tmp_path):
     expected = ("error: unknown key 'actor_rollout_ref.actor.optim.lr': this is verl's name; "
                 "rlflow's is 'actor.engine.optimizer.lr' (docs/from_verl_keys.md)")
     assert (result.returncode, result.stderr.strip(), result.stdout) == (2, expected, "")
+
+
+def test_checking_common_engine_keys_imports_no_other_engine():
+    """The key check stops at the first engine whose config has the key: an fsdp2 run's keys never import
+    the Megatron or torchtitan engines (a machine whose torchtitan does not import still runs fsdp2)."""
+    code = (
+        "import sys\n"
+        "from rlflow.trainer.verl_overrides import check_verl_overrides\n"
+        "check_verl_overrides('ppo_trainer', ['actor.engine=fsdp2', 'actor.engine.micro_batch_size=8',\n"
+        "                                     'actor.engine.compile=true', 'actor.engine.param_dtype=float32'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('rlflow.engines.megatron', 'rlflow.engines.torchtitan'))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
