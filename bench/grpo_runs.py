@@ -1,11 +1,12 @@
 """One timed run of each framework for ``bench/grpo_vs_trl.py``, parsed into per-step records
 (``{"step_s", phase..., "generated_tokens", "trained_tokens"}``) plus the peak RSS per process.
 
-* rlflow: ``python -m rlflow.trainer.main_ppo`` with Hydra overrides, its best documented way on
-  a CPU machine (``trainer.n_procs_per_node`` = cores, one torch thread per process, FSDP2 actor
-  colocated with an in-process vLLM rollout, GRPO, the on-policy old-log-prob reuse default, the
-  actor's decoder layers compiled (``actor.engine.compile``, docs/engines.md) and vLLM's compiled
-  graphs (``rollout.enforce_eager=false``): both compile during the first steps, then run faster).
+* rlflow: ``python -m rlflow.trainer.main_ppo`` with Hydra overrides, its best documented way
+  (``trainer.n_procs_per_node`` = cores, or GPUs on ``cuda``; one torch thread per process;
+  FSDP2 actor colocated with an in-process rollout, vLLM or HF ``generate``; GRPO; the on-policy
+  old-log-prob reuse default; ``tuned_overrides``: on a CPU the actor's decoder layers compiled
+  (``actor.engine.compile``, docs/engines.md), and with vLLM its compiled graphs
+  (``rollout.enforce_eager=false``): both compile during the first steps, then run faster).
   Step and phases come from the run's ``metrics.jsonl`` (``timing_s/*``).
 * TRL: ``bench/trl_grpo_runner.py`` in the TRL venv; its JSON lines on stdout.
 
@@ -30,10 +31,19 @@ RLFLOW_PHASES = {"timing_s/gen": "generation", "timing_s/log_probs_and_values": 
                  "timing_s/update_actor": "update", "timing_s/weight_sync": "weight_sync"}
 
 
-def rlflow_overrides(workload: Workload, model: Path, data: Path, run_dir: Path, steps: int, workers: int) -> list[str]:
+def tuned_overrides(device: str, rollout: str) -> list[str]:
+    """rlflow's documented speed settings for ``device`` and ``rollout``. Compiled layers pay on a CPU
+    after two updates; on a GPU a run of a few steps would be mostly compiling, so they stay off."""
+    return (["actor.engine.compile=true"] if device == "cpu" else []) + (
+        ["rollout.enforce_eager=false"] if rollout == "vllm" else [])
+
+
+def rlflow_overrides(workload: Workload, model: Path, data: Path, run_dir: Path, steps: int, workers: int,
+                     rollout: str = "vllm") -> list[str]:
     """The Hydra overrides of one rlflow run (printed by the bench as its settings)."""
     return [
-        "algorithm=grpo", "actor.engine=fsdp2", "rollout=vllm", "model=hf", f"model.path={model}",
+        "algorithm=grpo", "actor.engine=fsdp2", f"rollout={rollout}", f"trainer.device={workload.device}",
+        "model=hf", f"model.path={model}",
         f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'val.parquet'}]",
         f"data.train_batch_size={workload.prompts}", f"rollout.n={workload.samples}",
         f"data.max_response_length={workload.new_tokens}", f"actor.ppo_mini_batch_size={workload.prompts}",
@@ -42,7 +52,7 @@ def rlflow_overrides(workload: Workload, model: Path, data: Path, run_dir: Path,
         f"trainer.n_procs_per_node={workers}", f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=false", "trainer.logger=[jsonl]", "trainer.resume_mode=disable",
         f"trainer.default_local_dir={run_dir}", f"data.seed={workload.seed}",
-        "actor.engine.compile=true", "rollout.enforce_eager=false",
+        *tuned_overrides(workload.device, rollout),
     ]
 
 
@@ -95,7 +105,8 @@ def _run(command: list[str], env: dict, log: Path, timeout: float) -> tuple[int,
 
 
 def run_rlflow(workload: Workload, model: Path, data: Path, out: Path, steps: int, workers: int,
-               timeout: float, extra: tuple[str, ...] = (), name: str = "rlflow") -> tuple[list[dict], dict[str, float]]:
+               timeout: float, extra: tuple[str, ...] = (), name: str = "rlflow",
+               rollout: str = "vllm") -> tuple[list[dict], dict[str, float]]:
     """Run rlflow for ``steps`` steps (``extra``: more Hydra overrides) in ``out/<name>-run``; its per-step
     records and peak RSS per process."""
     run_dir = out / f"{name}-run"
@@ -103,7 +114,7 @@ def run_rlflow(workload: Workload, model: Path, data: Path, out: Path, steps: in
         shutil.rmtree(run_dir)  # written by this bench only: a fresh run each time
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "rlflow.trainer.main_ppo",
-               *rlflow_overrides(workload, model, data, run_dir, steps, workers), *extra]
+               *rlflow_overrides(workload, model, data, run_dir, steps, workers, rollout), *extra]
     code, rss = _run(command, env, out / f"{name}.log", timeout)
     if code != 0:
         raise RuntimeError(f"rlflow exited {code}; see {out / f'{name}.log'}")
@@ -117,7 +128,7 @@ def trl_command(python: Path, workload: Workload, model: Path, data: Path, steps
                "--train", str(data / "train.parquet"), "--steps", str(steps), "--threads", str(threads),
                "--prompts", str(workload.prompts), "--samples", str(workload.samples),
                "--new-tokens", str(workload.new_tokens), "--dtype", workload.dtype, "--lr", str(workload.lr),
-               "--seed", str(workload.seed)]
+               "--seed", str(workload.seed), "--device", workload.device]
     return command + (["--gradient-checkpointing"] if gradient_checkpointing else [])
 
 

@@ -40,6 +40,7 @@ class Workload:
     n_train: int = 512
     n_val: int = 8
     seed: int = 0
+    device: str = "cpu"  # where both frameworks compute: cpu, or cuda (every visible GPU)
 
     @property
     def sequences(self) -> int:
@@ -47,7 +48,7 @@ class Workload:
 
     def describe(self) -> str:
         return (f"{self.preset} preset, {self.prompts} prompts x {self.samples} samples x {self.new_tokens} new tokens, "
-                f"addition rule reward, {self.dtype}, AdamW lr {self.lr}, one on-policy update per step")
+                f"addition rule reward, {self.dtype} on {self.device}, AdamW lr {self.lr}, one on-policy update per step")
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -3,6 +3,8 @@
 * ``matmul_peak_gflops``: the fp32 matmul rate of the whole machine measured the way the FLOP
   limit needs it: one single-threaded process per core, all running a big square matmul at the
   same time, rates summed.
+* ``cuda_matmul_peak_gflops``: the same rate on the GPU at a given dtype, with PyTorch's default
+  matmul precision (no TF32 for fp32 unless the process asked for it).
 * ``PeakRSS``: samples the resident set size of a process and its descendants in a background
   thread and keeps each one's peak, labelled by what the process is.
 
@@ -48,6 +50,23 @@ def matmul_peak_gflops(processes: int | None = None, size: int = 1024, seconds: 
     for worker in workers:
         worker.join()
     return rates
+
+
+def cuda_matmul_peak_gflops(dtype: str = "float32", size: int = 8192, seconds: float = 2.0) -> float:
+    """GFLOP/s of a square ``size`` matmul at ``dtype`` on the current GPU, timed over ``seconds``."""
+    import torch
+
+    a = torch.randn(size, size, device="cuda", dtype=getattr(torch, dtype))
+    b = torch.randn_like(a)
+    torch.mm(a, b)  # warm-up (cuBLAS handle, kernel choice)
+    torch.cuda.synchronize()
+    count, begin = 0, time.perf_counter()
+    while time.perf_counter() - begin < seconds:
+        for _ in range(5):
+            torch.mm(a, b)
+        torch.cuda.synchronize()
+        count += 5
+    return 2 * size**3 * count / (time.perf_counter() - begin) / 1e9
 
 
 def default_label(process: psutil.Process) -> str:

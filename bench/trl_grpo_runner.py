@@ -112,6 +112,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -123,7 +124,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-grpo-bench-"), report_to="none", save_strategy="no",
-        use_cpu=True, bf16=args.dtype == "bfloat16", max_steps=args.steps, logging_steps=1, seed=args.seed,
+        use_cpu=args.device == "cpu", bf16=args.dtype == "bfloat16", max_steps=args.steps, logging_steps=1, seed=args.seed,
         learning_rate=args.lr, per_device_train_batch_size=args.prompts * args.samples, gradient_accumulation_steps=1,
         num_generations=args.samples, max_completion_length=args.new_tokens, temperature=1.0,
         beta=0.0, num_iterations=1, steps_per_generation=1, gradient_checkpointing=args.gradient_checkpointing,
@@ -142,8 +143,9 @@ def main() -> int:
             emit(clock.step_record(time.perf_counter() - self.start))
 
     trainer.add_callback(StepTimer())
+    weight = next(trainer.model.parameters())
     emit({"event": "settings", "trl_threads": torch.get_num_threads(), "gradient_checkpointing": args.gradient_checkpointing,
-          "dtype": args.dtype, "model_dtype": str(next(trainer.model.parameters()).dtype)})
+          "dtype": args.dtype, "device": str(weight.device), "model_dtype": str(weight.dtype)})
     trainer.train()
     emit({"event": "done", "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
     return 0

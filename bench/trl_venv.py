@@ -52,8 +52,17 @@ def check_same_torch(python: Path) -> str:
     return theirs
 
 
+def installed_versions(python: Path, packages: tuple[str, ...] = ("trl", "accelerate")) -> dict[str, str]:
+    """The versions of ``packages`` that ``python`` imports (a ``--trl-python`` may hold others than ``PINS``)."""
+    code = f"from importlib.metadata import version; print(' '.join(version(p) for p in {list(packages)!r}))"
+    found = subprocess.check_output([str(python), "-c", code], text=True).split()
+    return dict(zip(packages, found))
+
+
 def runner_env(threads: int) -> dict[str, str]:
-    """The environment of one TRL run: ``threads`` torch threads, the worktree importable."""
+    """The environment of one TRL run: ``threads`` torch threads, the worktree importable (ahead of
+    any ``PYTHONPATH`` already set, which stays: ``--trl-python`` may find ``trl`` there)."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-            "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
             "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}

@@ -1,5 +1,5 @@
 """Pure helpers of bench/grpo_vs_trl.py: FLOP formula, parsing both frameworks' step records,
-the step statistics and choosing TRL's best configuration."""
+the step statistics, choosing TRL's best configuration, and rlflow's settings per device."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from grpo_runs import parse_rlflow_metrics, parse_trl_lines  # noqa: E402
-from grpo_workload import StepStats, best_config, matmul_params, step_flops, with_other  # noqa: E402
+from grpo_runs import parse_rlflow_metrics, parse_trl_lines, rlflow_overrides  # noqa: E402
+from grpo_workload import StepStats, Workload, best_config, matmul_params, step_flops, with_other  # noqa: E402
+
+from rlflow.trainer.config_loading import compose_ppo_config  # noqa: E402
 
 
 def test_flops_count_generated_forward_and_trained_forward_backward():
@@ -62,3 +64,12 @@ def test_best_config_is_the_fastest_and_empty_trials_are_an_error():
     assert best_config({"1 thread": 5.0, "2 threads": 3.0, "2 threads gc": 4.0}) == "2 threads"
     with pytest.raises(ValueError, match="no TRL configuration"):
         best_config({})
+
+
+@pytest.mark.parametrize("device, rollout, compiled, eager", [("cpu", "vllm", True, False), ("cuda", "hf", False, True)])
+def test_rlflow_settings_compose_per_device_and_rollout(device, rollout, compiled, eager):
+    """A CPU run compiles its layers and vLLM's graphs; a GPU run with HF generate keeps the defaults."""
+    overrides = rlflow_overrides(Workload(device=device), Path("/m"), Path("/d"), Path("/run"), 3, 1, rollout)
+    config = compose_ppo_config(overrides)
+    assert (config.trainer.device, config.rollout.name) == (device, rollout)
+    assert (config.actor.engine.compile, config.rollout.enforce_eager) == (compiled, eager)
