@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlflow.engines.common.fully_shard import full_tensor, iter_full_tensors, unsynced_grads
+from rlflow.engines.common.layer_compile import compile_layer_forward
 from rlflow.engines.common.models import ForwardModule, decoder_layer_classes
 from rlflow.engines.common.module_engine import ModuleEngine
 from rlflow.engines.config import EngineConfigError, HFModuleEngineConfig
@@ -75,7 +76,7 @@ class FSDP2Engine(ModuleEngine):
         layer_classes = tuple(decoder_layer_classes(module, cfg.wrap_layer_classes))
         for layer in [m for m in module.modules() if isinstance(m, layer_classes)]:
             if cfg.compile:  # the forward only: fully_shard's hooks (all-gather, reduce-scatter) run around it
-                layer.forward = torch.compile(layer.forward)
+                layer.forward = compile_layer_forward(layer.forward)
             fully_shard(layer, **options)
         fully_shard(module, **options)
         return module

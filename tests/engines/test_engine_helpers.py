@@ -1,5 +1,5 @@
 """In-process unit tests of the helpers any engine composes: optimizer step, offload bookkeeping,
-checkpoint meta, and the capability check of ``BaseEngine``."""
+checkpoint meta, the capability check of ``BaseEngine``, and the compiled decoder layer's shapes."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter
 
 import ddp_engine  # noqa: F401  (registers test_ddp)
 from rlflow.engines import EngineConfigError, build_engine
 from rlflow.engines.common import checkpointing as ckpt
+from rlflow.engines.common.layer_compile import compile_layer_forward
 from rlflow.engines.common.offload import HOST, HostOffload
 from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.engines.config import EngineConfig, LRSchedulerConfig, OptimizerConfig
@@ -125,3 +127,31 @@ def test_capabilities_refuse_what_an_engine_cannot_do() -> None:
         build_engine({"name": "test_ddp", "param_dtype": "bfloat16"}, "unused")
     build_engine({"name": "test_ddp", "param_dtype": "float32"}, "unused", model_kind="value")
     build_engine({"name": "fsdp2", "param_dtype": "bfloat16"}, "unused", model_kind="value")
+
+
+def _decoder_layer(hidden_states, attention_mask, position_embeddings, position_ids):
+    """A decoder layer's inputs as HF passes them with packed rows: mask [R, 1, W, W], cos/sin [R, W, D]."""
+    cos, sin = position_embeddings
+    scores = (hidden_states[..., : cos.shape[-1]] * cos + sin) @ hidden_states[..., : cos.shape[-1]].transpose(1, 2)
+    weights = scores.masked_fill(~attention_mask[:, 0], -1e9).softmax(-1)
+    return weights @ hidden_states + position_ids[..., None]
+
+
+def _layer_inputs(rows: int, width: int, hidden: int = 16, head: int = 8) -> tuple:
+    mask = torch.ones(width, width, dtype=torch.bool).tril().expand(rows, 1, width, width)
+    cos_sin = (torch.randn(rows, width, head), torch.randn(rows, width, head))
+    return torch.randn(rows, width, hidden), mask, cos_sin, torch.arange(width).expand(rows, width)
+
+
+@pytest.mark.parametrize("token_dims_dynamic, compiles", [(True, 1), (False, 3)])
+def test_a_compiled_layer_compiles_once_across_packed_row_shapes(token_dims_dynamic, compiles):
+    """Rows change, then the width: one compile with the token grid marked dynamic, three without
+    (dynamo's static graph, then one recompile per dimension); outputs equal the eager layer's."""
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    layer = compile_layer_forward(_decoder_layer, backend=counter) if token_dims_dynamic else torch.compile(
+        _decoder_layer, backend=counter)
+    for rows, width in [(6, 20), (7, 20), (5, 23), (4, 31)]:
+        inputs = _layer_inputs(rows, width)
+        torch.testing.assert_close(layer(*inputs), _decoder_layer(*inputs))
+    assert counter.frame_count == compiles
