@@ -35,6 +35,7 @@ predict the token at ``target_index = source_index + 1``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Optional
 
@@ -107,41 +108,60 @@ class TokenStream:
 
 
 def first_fit_rows(lengths: list[int], capacity: int) -> list[list[int]]:
-    """Sequence indices per packed row (longest first, each into the first row it fits)."""
+    """Sequence indices per packed row (longest first, each into the first row it fits).
+
+    A row with less room left than the shortest sequence can take nothing more, so the scan skips
+    it: at rows about as wide as the longest sequence most rows close after one or two sequences."""
+    order = sorted((i for i in range(len(lengths)) if lengths[i] > 0), key=lambda i: (-lengths[i], i))
+    if not order:
+        return []
+    shortest = lengths[order[-1]]
     rows: list[list[int]] = []
-    loads: list[int] = []
-    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        if lengths[index] == 0:
-            continue
-        for row, load in enumerate(loads):
-            if load + lengths[index] <= capacity:
-                rows[row].append(index)
-                loads[row] += lengths[index]
+    room: list[int] = []
+    open_rows: list[int] = []  # rows that can still take the shortest sequence, in row order
+    for index in order:
+        length = lengths[index]
+        for position, row in enumerate(open_rows):
+            if room[row] >= length:
                 break
         else:
-            rows.append([index])
-            loads.append(lengths[index])
+            position, row = len(open_rows), len(rows)
+            rows.append([])
+            room.append(capacity)
+            open_rows.append(row)
+        rows[row].append(index)
+        room[row] -= length
+        if room[row] < shortest:
+            del open_rows[position]
     return rows
 
 
 # the packed row widths tried: the longest sequence up to ROW_WIDTH_MAX_MULTIPLE times it, in steps of
-# 1 / ROW_WIDTH_STEPS of it (first-fit over 128 sequences at all 25 widths: ~4 ms)
+# 1 / ROW_WIDTH_STEPS of it, narrowest first, until no wider row can cost less
 ROW_WIDTH_MAX_MULTIPLE = 4
 ROW_WIDTH_STEPS = 8
 
 
 def row_width(lengths: list[int], hidden_size: Optional[int]) -> int:
     """Packed row width for non-varlen attention: of the widths tried, the one with the lowest estimated
-    cost, the narrowest on a tie (module docstring); the longest sequence itself without ``hidden_size``."""
+    cost, the narrowest on a tie (module docstring); the longest sequence itself without ``hidden_size``.
+
+    ``rows x width`` slots hold at least every token, so ``tokens x (1 + width / 3h)`` bounds a width's
+    cost from below and grows with the width: once it reaches the best cost found, the search stops
+    (same answer, a fraction of the first-fit runs)."""
     longest = max(lengths)
     if not hidden_size:
         return longest
-
-    def cost(width: int) -> float:
-        return len(first_fit_rows(lengths, width)) * width * (1.0 + width / (3.0 * hidden_size))
-
+    tokens, best_width, best_cost = sum(lengths), longest, math.inf
     step = max(1, longest // ROW_WIDTH_STEPS)
-    return min(range(longest, ROW_WIDTH_MAX_MULTIPLE * longest + 1, step), key=cost)
+    for width in range(longest, ROW_WIDTH_MAX_MULTIPLE * longest + 1, step):
+        attention_factor = 1.0 + width / (3.0 * hidden_size)
+        if tokens * attention_factor >= best_cost:
+            break
+        cost = len(first_fit_rows(lengths, width)) * width * attention_factor
+        if cost < best_cost:
+            best_width, best_cost = width, cost
+    return best_width
 
 
 def _source_index(num_slots: int, slot_index: torch.Tensor, start_slots: torch.Tensor) -> torch.Tensor:
