@@ -33,7 +33,8 @@ RLFLOW_PHASES = {"timing_s/gen": "generation", "timing_s/log_probs_and_values": 
 
 def tuned_overrides(device: str, rollout: str) -> list[str]:
     """rlflow's documented speed settings for ``device`` and ``rollout``. Compiled layers pay on a CPU
-    after two updates; on a GPU a run of a few steps would be mostly compiling, so they stay off."""
+    from the second update on (the first compiles); on a GPU, where a step takes a few hundred ms, a
+    run of a few steps would be mostly compiling, so they stay off there."""
     return (["actor.engine.compile=true"] if device == "cpu" else []) + (
         ["rollout.enforce_eager=false"] if rollout == "vllm" else [])
 
