@@ -8,9 +8,10 @@ compiles of every layer over the first steps (measured on the GRPO bench's updat
 gives the graph of the last of those compiles at once.
 
 The token grid is read off ``hidden_states`` (its first two dimensions); every dimension of an
-input tensor with one of those two sizes is marked, except the feature dimension of a float
-tensor (its last), which is the model's width. A dimension missed here only costs dynamo's own
-automatic recompile, never a wrong result.
+input tensor with one of those two sizes is marked, except the last dimension of a float tensor
+(its features: the hidden size of the states, the head size of the rotary tables), which never
+changes. A dimension missed here only costs dynamo's own automatic recompile, and one marked
+needlessly only a more general graph: never a wrong result.
 """
 
 from __future__ import annotations
