@@ -7,7 +7,9 @@ A ``DataProto`` holds three parts that always share one first dimension:
 * ``meta_info``: a plain dict that travels with the batch (temperature, counts ...).
 
 Pickling turns tensors into numpy views so that Ray's pickle-5 out-of-band
-buffers carry them without an extra copy (bf16 travels as int16 bits).
+buffers carry them without an extra copy (``rlflow.utils.tensor_wire``). Unpickled
+from Ray's object store, tensors are copied into memory of their own, unless the
+unpickling runs inside ``borrowing_store_buffers()`` (then ``owned()`` copies them).
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from rlflow.utils.device import host_to_device
+from rlflow.utils.host_memory import cat_host, copy_to_host
 from rlflow.utils.safe_io import UnsafeContentError, decode_values, encode_values, load_weights_only, save_atomic
+from rlflow.utils.tensor_wire import tensor_from_wire, tensor_to_wire
 
 __all__ = ["DataProto", "DataProtoError", "DataProtoFuture"]
 
@@ -45,30 +49,6 @@ def _as_object_array(values: Any, key: str) -> np.ndarray:
     raise DataProtoError(f"non-tensor '{key}' must be a numpy array or list, got {type(values).__name__}")
 
 
-def _tensor_to_wire(t: torch.Tensor) -> tuple[str, np.ndarray]:
-    """Zero-copy numpy view of a CPU tensor (bf16 and friends as raw integer bits)."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
-    dtype_name = str(t.dtype)
-    if t.dtype in (torch.bfloat16, torch.float16):
-        return dtype_name, t.view(torch.int16).numpy()
-    if t.dtype == torch.bool:
-        return dtype_name, t.view(torch.uint8).numpy()
-    return dtype_name, t.numpy()
-
-
-def _tensor_from_wire(dtype_name: str, arr: np.ndarray) -> torch.Tensor:
-    if not arr.flags.writeable:  # Ray hands out read-only buffers; torch needs writable memory
-        arr = arr.copy()
-    t = torch.from_numpy(arr)
-    dtype = getattr(torch, dtype_name.replace("torch.", ""))
-    if dtype in (torch.bfloat16, torch.float16, torch.bool):
-        t = t.view(dtype)
-    return t
-
-
 @dataclass
 class DataProto:
     """A batch of equal-length tensors, numpy object arrays and free-form metadata."""
@@ -76,6 +56,7 @@ class DataProto:
     batch: dict[str, torch.Tensor] = field(default_factory=dict)
     non_tensor_batch: dict[str, np.ndarray] = field(default_factory=dict)
     meta_info: dict[str, Any] = field(default_factory=dict)
+    _store_views: ClassVar[bool] = False  # set per instance by __setstate__ when its tensors borrow store buffers
 
     def __post_init__(self) -> None:
         self.batch = dict(self.batch or {})
@@ -254,7 +235,7 @@ class DataProto:
         for part in data[1:]:
             if set(part.batch) != set(first.batch) or set(part.non_tensor_batch) != set(first.non_tensor_batch):
                 raise DataProtoError(f"concat of DataProtos with different keys: {first.keys()} vs {part.keys()}")
-        batch = {k: torch.cat([p.batch[k] for p in data], dim=0) for k in first.batch}
+        batch = {k: cat_host([p.batch[k] for p in data], dim=0) for k in first.batch}
         non_tensor = {k: np.concatenate([p.non_tensor_batch[k] for p in data], axis=0) for k in first.non_tensor_batch}
         return DataProto(batch, non_tensor, dict(first.meta_info))
 
@@ -319,15 +300,25 @@ class DataProto:
         )
 
     # ------------------------------------------------------------------ serialization
+    def owned(self) -> "DataProto":
+        """This batch with tensors in memory of its own: a copy if they view Ray's object store
+        (unpickled inside ``borrowing_store_buffers``), else ``self``."""
+        if not self._store_views:
+            return self
+        return DataProto({k: copy_to_host(v) for k, v in self.batch.items()}, self.non_tensor_batch, self.meta_info)
+
     def __getstate__(self) -> dict[str, Any]:
         return {
-            "batch": {k: _tensor_to_wire(v) for k, v in self.batch.items()},
+            "batch": {k: tensor_to_wire(v) for k, v in self.batch.items()},
             "non_tensor_batch": self.non_tensor_batch,
             "meta_info": self.meta_info,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.batch = {k: _tensor_from_wire(*v) for k, v in state["batch"].items()}
+        self.batch, self._store_views = {}, False
+        for key, wire in state["batch"].items():
+            self.batch[key], borrowed = tensor_from_wire(*wire)
+            self._store_views |= borrowed
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
 
