@@ -9,12 +9,19 @@ A mode is a pair of plain functions kept in a registry:
 ``ctx`` (a ``DispatchContext``) carries the method name, the group size, the method's mesh (loaded
 on first use) and a ``state`` dict that dispatch can fill for collect (``DP_COMPUTE`` stores
 its padding there). Add a mode with ``register_dispatch_mode(name, dispatch_fn, collect_fn)``.
+
+DataProtos in ``outputs`` view Ray's object store (fetched without a copy). The worker group
+copies any DataProto the collect returns that still views it (``DataProto.owned``), so a
+collect may return them as they are or build new ones. A bare tensor taken out of one must be
+cloned.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
+
+import numpy as np
 
 from rlflow.protocol import DataProto, DataProtoError
 from rlflow.utils.registry import Registry
@@ -116,6 +123,23 @@ def _first_output(ctx: DispatchContext, outputs: Mapping[int, Any]) -> Any:
     return outputs[0]
 
 
+def padded_chunks(data: DataProto, parts: int) -> tuple[list[DataProto], int]:
+    """``data.pad_to_divisor(parts)`` cut into ``parts`` equal chunks, and the pad size, without
+    copying the whole batch: a chunk inside ``data`` is a view, and only a chunk that reaches into
+    the padding (rows repeated from the start) is copied."""
+    rows = len(data)
+    chunk_len = -(-rows // parts)
+    pad_size = chunk_len * parts - rows
+    if not pad_size:
+        return data.chunk(parts), 0
+    chunks = []
+    for start in range(0, chunk_len * parts, chunk_len):
+        end = start + chunk_len
+        padding = np.arange(max(start, rows), end) % rows
+        chunks.append(data[start:end] if end <= rows else DataProto.concat([data[start:rows], data[padding]]))
+    return chunks, pad_size
+
+
 def _dp_compute_dispatch(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
     """Pad every DataProto argument to a multiple of dp_size, chunk it, hand chunk d to DP group d."""
     mesh = ctx.mesh
@@ -126,10 +150,10 @@ def _dp_compute_dispatch(ctx: DispatchContext, args: tuple, kwargs: dict) -> Ran
     def shards(value: Any) -> list[Any]:
         if not isinstance(value, DataProto):
             return [value] * mesh.dp_size
-        padded, pad_size = value.pad_to_divisor(mesh.dp_size)
+        chunks, pad_size = padded_chunks(value, mesh.dp_size)
         ctx.state["pad_size"] = pad_size
-        ctx.state["chunk_len"] = len(padded) // mesh.dp_size
-        return padded.chunk(mesh.dp_size)
+        ctx.state["chunk_len"] = len(chunks[0])
+        return chunks
 
     arg_shards = [shards(v) for v in args]
     kwarg_shards = {k: shards(v) for k, v in kwargs.items()}

@@ -15,9 +15,10 @@ from typing import Any, Mapping, Sequence
 
 import ray
 
-from rlflow.protocol import DataProtoFuture
+from rlflow.protocol import DataProto, DataProtoFuture
 from rlflow.utils.logging import get_logger
 from rlflow.utils.plugins import loaded_plugins
+from rlflow.utils.tensor_wire import borrowing_store_buffers
 from rlflow.workers.call_limits import CallLimit, GroupTimeouts
 from rlflow.workers.decorator import MethodSpec, registered_methods
 from rlflow.workers.dispatch import ONE_TO_ALL, RANK_ZERO, DispatchContext, get_dispatch_mode
@@ -90,6 +91,18 @@ def _resolve_future(value: Any) -> Any:
     return value.get() if isinstance(value, DataProtoFuture) else value
 
 
+def owned_outputs(value: Any) -> Any:
+    """``value`` with every DataProto in it (also inside plain lists, tuples and dict values)
+    holding its own memory rather than views on Ray's object store (``DataProto.owned``)."""
+    if isinstance(value, DataProto):
+        return value.owned()
+    if type(value) in (list, tuple):
+        return type(value)(owned_outputs(item) for item in value)
+    if type(value) is dict:
+        return {key: owned_outputs(item) for key, item in value.items()}
+    return value
+
+
 class GroupMethod:
     """A ``@register``-ed worker method seen from the controller: dispatch, execute, collect.
 
@@ -138,10 +151,15 @@ class RoleHandle:
         refs = self._group._submit(self.role, spec.name, calls)
         ranks = list(refs)
         limit = self._group.timeouts.for_method(spec.name)
+
+        def fetch(got: list[ray.ObjectRef]) -> list[Any]:
+            with borrowing_store_buffers():  # no copy out of the store: collect merges, owned_outputs copies the rest
+                return _in_order(self._group._gather(dict(zip(ranks, got)), label, limit), ranks)
+
         return DataProtoFuture(
             list(refs.values()),
-            collect_fn=lambda outputs: mode.collect_fn(ctx, dict(zip(ranks, outputs))),
-            getter=lambda got: _in_order(self._group._gather(dict(zip(ranks, got)), label, limit), ranks),
+            collect_fn=lambda outputs: owned_outputs(mode.collect_fn(ctx, dict(zip(ranks, outputs)))),
+            getter=fetch,
         )
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:

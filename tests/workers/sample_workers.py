@@ -86,6 +86,9 @@ class ProbeWorker(Worker):
     def slow_rank(self) -> int:
         return self.rank
 
+    def echo(self, data: DataProto) -> DataProto:
+        return data
+
     def received_ids(self) -> list[list[int]]:
         return self.received
 

@@ -28,6 +28,7 @@ from rlflow.workers import (
     register_dispatch_mode,
 )
 from rlflow.workers.decorator import registered_methods
+from rlflow.workers.dispatch import padded_chunks
 
 
 def dp_tp_mesh(dp: int, tp: int) -> MeshTable:
@@ -77,6 +78,22 @@ def test_dp_compute_round_trip_keeps_rows_and_order(n, dp, tp):
     assert set(out.batch["by"].tolist()) <= {d * tp for d in range(dp)}  # only collect ranks answered
     if n:
         assert all(len(args[0]) == -(-n // dp) for args, _ in calls.values())  # padded to equal chunks
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 23), parts=st.integers(1, 7))
+def test_padded_chunks_equal_pad_then_chunk_and_view_the_unpadded_rows(n, parts):
+    data = batch(n)
+    chunks, pad_size = padded_chunks(data, parts)
+    padded, expected_pad = data.pad_to_divisor(parts)
+    assert pad_size == expected_pad and len(chunks) == parts
+    for chunk, expected in zip(chunks, padded.chunk(parts)):
+        assert torch.equal(chunk.batch["ids"], expected.batch["ids"]) and torch.equal(chunk.batch["x"], expected.batch["x"])
+        assert chunk.non_tensor_batch["uid"].tolist() == expected.non_tensor_batch["uid"].tolist()
+    chunk_len = len(padded) // parts
+    for index, chunk in enumerate(chunks):
+        if len(chunk) and (index + 1) * chunk_len <= n:  # wholly inside the batch: a view, no copy
+            assert chunk.batch["x"].data_ptr() == data.batch["x"][index * chunk_len].data_ptr()
 
 
 def test_dp_compute_unpads_k_rows_per_input_row():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import ray
 import torch
 from sample_workers import ProbeWorker, SlowInitWorker
 
@@ -106,6 +107,17 @@ def test_dp_compute_metrics_are_reduced_as_declared(group4):
 def test_dp_compute_with_several_rows_per_input(group4):
     out = group4.sample_twice(ids_batch(5))  # 4 DP ranks, padded to 8
     assert out.batch["ids"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_collected_dataprotos_do_not_view_the_object_store(group2):
+    """Outputs are fetched as views on Ray's shared store, not copies; what a call returns must own its
+    memory, or a write to it would change the stored object."""
+    data = DataProto.from_dict({"x": torch.zeros(2**18)})  # 1 MiB: kept in the shared store, not inlined
+    for future in (group2.execute_rank_zero_async("echo", data), group2.execute_all_async("echo", data)):
+        out = future.get()
+        for part in out if isinstance(out, list) else [out]:
+            part.batch["x"].add_(1.0)
+        assert torch.equal(ray.get(future.refs[0]).batch["x"], data.batch["x"])
 
 
 def test_custom_dispatch_mode(group4):
