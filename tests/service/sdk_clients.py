@@ -109,16 +109,16 @@ def load_test(url: str, api_key: str, base_models: list[str], clients: int, roun
 
     def one_client(index: int) -> None:
         try:
-            service = tinker.ServiceClient(base_url=url, api_key=api_key)
-            client = service.create_lora_training_client(base_model=base_models[index % len(base_models)], rank=8).result()
-            submitted = []
-            for _ in range(rounds):
-                submitted.append((time.monotonic(), client.forward_backward(data, "cross_entropy")))
-                submitted.append((time.monotonic(), client.optim_step(types.AdamParams(learning_rate=1e-3))))
-            for start, future in submitted:
-                future.result()
-                with lock:
-                    latencies.append(time.monotonic() - start)
+            with tinker.ServiceClient(base_url=url, api_key=api_key) as service:  # finishes the session on exit
+                client = service.create_lora_training_client(base_model=base_models[index % len(base_models)], rank=8).result()
+                submitted = []
+                for _ in range(rounds):
+                    submitted.append((time.monotonic(), client.forward_backward(data, "cross_entropy")))
+                    submitted.append((time.monotonic(), client.optim_step(types.AdamParams(learning_rate=1e-3))))
+                for start, future in submitted:
+                    future.result()
+                    with lock:
+                        latencies.append(time.monotonic() - start)
         except BaseException as error:  # noqa: BLE001 - reported below, with every other client's
             errors.append(error)
 

@@ -10,6 +10,7 @@ too long, a seq_id gap, a failing request, a killed worker).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -50,12 +51,26 @@ def services(demo, tiny_model, tmp_path_factory):
         return started[engine]
 
     yield get
+    for service in _OPEN_SERVICES:  # finish the sessions while their servers still answer, or each
+        with contextlib.suppress(Exception):  # heartbeat warns at exit (the killed worker's may fail)
+            service.close("success").result(timeout=30)
+    _OPEN_SERVICES.clear()
     for runner in stoppers:
         next(runner, None)
 
 
+_OPEN_SERVICES: list[tinker.ServiceClient] = []
+
+
+def _service(server, api_key: str = API_KEY) -> tinker.ServiceClient:
+    """An SDK client of ``server``; the ``services`` fixture closes it before the server stops."""
+    service = tinker.ServiceClient(base_url=server.url, api_key=api_key)
+    _OPEN_SERVICES.append(service)
+    return service
+
+
 def _client(server, base_model: str = "tiny"):
-    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    service = _service(server)
     return service, service.create_lora_training_client(base_model=base_model, rank=RANK).result()
 
 
@@ -102,7 +117,7 @@ def test_interleaved_clients_each_train_like_plain_peft_and_adamw(services, tiny
     (their adapters and Adam states swap in and out, never in the middle of an accumulation): each one's
     adapters after 2 steps equal plain peft + AdamW from its own start on its own data."""
     server = services(engine)
-    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    service = _service(server)
     # eps 1e-3, not the SDK's 1e-12: Adam turns a gradient of about eps into a step of about lr, so float rounding in
     # the tiny first gradients of lora_A (packed vs padded forward) moved single weights by 1.5e-4 at eps 1e-5
     adam = types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-3)
@@ -182,7 +197,7 @@ def test_tinker_cookbook_arithmetic_rl_recipe_runs_from_its_own_venv(services, d
 
 def test_eight_concurrent_clients_lose_and_misorder_nothing(services, tiny_model):
     server = services("fsdp2")
-    tokenizer = tinker.ServiceClient(base_url=server.url, api_key=API_KEY).create_lora_training_client(
+    tokenizer = _service(server).create_lora_training_client(
         base_model="tiny", rank=RANK).result().get_tokenizer()
     started = time.time()
     latencies = load_test(server.url, API_KEY, ["tiny", "warm"], clients=8, rounds=10, tokenizer=tokenizer)
@@ -209,12 +224,12 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_client_goes_on(services):
     assert _post(server, "create_session", key=None, json={}).status_code == 401
     assert _post(server, "create_session", key="tml-wrong", json={}).status_code == 401
     with pytest.raises(tinker.AuthenticationError):
-        tinker.ServiceClient(base_url=server.url, api_key="tml-wrong").create_lora_training_client(
+        _service(server, api_key="tml-wrong").create_lora_training_client(
             base_model="tiny", rank=RANK).result()
 
     malformed = _post(server, "forward_backward", content=b"\xff\x00garbage", headers={"Content-Type": "application/x-protobuf"})
     assert malformed.status_code == 400 and "not a ForwardBackwardRequest protobuf" in malformed.json()["detail"]
-    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    service = _service(server)
     with pytest.raises(tinker.NotFoundError, match="base model 'nope' is not served"):
         service.create_lora_training_client(base_model="nope", rank=RANK).result()
 
@@ -236,7 +251,7 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_client_goes_on(services):
 
 def test_a_failing_request_is_an_error_future_naming_it_and_the_server_keeps_serving(services):
     server = services("fsdp2")
-    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY).create_lora_training_client(
+    client = _service(server).create_lora_training_client(
         base_model="tiny", rank=RANK).result()
     data = sft_data(client.get_tokenizer())
     with pytest.raises(tinker.RequestFailedError, match=r"forward_backward \(model .*seq_id 1\) failed on the server.*on purpose"):
@@ -248,7 +263,7 @@ def test_a_failing_request_is_an_error_future_naming_it_and_the_server_keeps_ser
 def test_killing_a_worker_mid_request_gives_an_error_future_not_a_hang(services):
     """Last in this module: the killed worker's host is gone (its clients get errors), and a new client starts a new one."""
     server = services("fsdp2")
-    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    service = _service(server)
     client = service.create_lora_training_client(base_model="tiny", rank=RANK).result()
     data = sft_data(client.get_tokenizer())
     server.pid_file.unlink(missing_ok=True)
