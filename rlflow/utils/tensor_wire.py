@@ -6,7 +6,7 @@ extra copy (bf16 and fp16 travel as int16 bits, bool as uint8).
 In: Ray hands back read-only numpy views on its object store. That memory is shared and in fact
 writable: a write through a tensor on it changes the stored object for every process that reads
 it (measured with Ray 2.60). So by default a tensor is copied out into memory of its own
-(``host_memory.copy_to_host``).
+(``host_memory.empty_host``).
 
 Inside ``borrowing_store_buffers()``, the copy is skipped and the tensor views the store
 ("borrowed"). The driver fetches its workers' outputs this way because it merges them into new
@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from rlflow.utils.host_memory import copy_to_host
+from rlflow.utils.host_memory import empty_host
 
 __all__ = ["borrowing_store_buffers", "tensor_from_wire", "tensor_to_wire"]
 
@@ -55,12 +55,16 @@ def tensor_to_wire(tensor: torch.Tensor) -> tuple[str, np.ndarray]:
 
 def tensor_from_wire(dtype_name: str, array: np.ndarray) -> tuple[torch.Tensor, bool]:
     """The tensor again, and whether it borrows a read-only buffer (only inside ``borrowing_store_buffers``)."""
-    read_only = not array.flags.writeable
-    with warnings.catch_warnings():  # torch warns that it has no read-only tensors: copied or borrowed below
-        warnings.simplefilter("ignore", UserWarning)
-        tensor = torch.from_numpy(array)
-    borrowed = read_only and getattr(_state, "borrowing", False)
-    if read_only and not borrowed:
-        tensor = copy_to_host(tensor)
     dtype = getattr(torch, dtype_name.replace("torch.", ""))
+    wire_dtype = _BITS_DTYPES.get(dtype, dtype)
+    borrowed = not array.flags.writeable and getattr(_state, "borrowing", False)
+    if borrowed:
+        with warnings.catch_warnings():  # torch warns that it has no read-only tensors: the borrower copies
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.from_numpy(array)
+    elif not array.flags.writeable:
+        tensor = empty_host(array.shape, wire_dtype)
+        np.copyto(tensor.numpy(), array)
+    else:
+        tensor = torch.from_numpy(array)
     return (tensor.view(dtype) if dtype in _BITS_DTYPES else tensor), borrowed
