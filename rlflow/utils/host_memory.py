@@ -52,7 +52,7 @@ def _advise_huge_pages(tensor: torch.Tensor) -> None:
         return
     start = tensor.data_ptr()
     first = -(-start // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
-    last = (start + tensor.numel() * tensor.element_size()) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    last = (start + tensor.nbytes) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
     if last > first:
         madvise(first, last - first)  # a failure leaves ordinary pages: nothing to report
 
@@ -60,7 +60,7 @@ def _advise_huge_pages(tensor: torch.Tensor) -> None:
 def empty_host(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor. From ``ADVISE_MIN_BYTES`` up it is advised for huge pages before its first touch."""
     tensor = torch.empty(tuple(shape), dtype=dtype)
-    if tensor.numel() * tensor.element_size() >= ADVISE_MIN_BYTES:
+    if tensor.nbytes >= ADVISE_MIN_BYTES:
         _advise_huge_pages(tensor)
     return tensor
 

@@ -44,11 +44,13 @@ def _thp_mode() -> str:
 
 
 def test_large_host_buffers_fault_in_huge_pages():
+    """Huge pages where the kernel offers them; elsewhere the advice is a silent no-op and the buffer works."""
     mode = _thp_mode()
-    if mode not in ("madvise", "always"):
-        pytest.skip(f"transparent huge pages are '{mode}' on this kernel: the advice cannot take effect")
     out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True)
     plain_kib, advised_kib = (int(x) for x in out.stdout.split())
+    if mode not in ("madvise", "always"):  # 'never' or no THP: ordinary pages, and no error on the way
+        assert advised_kib == plain_kib == 0, (mode, plain_kib, advised_kib)
+        return
     assert advised_kib >= 60 * 1024, f"only {advised_kib} KiB of the 64 MiB advised buffer are huge pages"
     if mode == "madvise":  # the control: without the advice this kernel hands out 4 KiB pages
         assert plain_kib == 0, plain_kib
