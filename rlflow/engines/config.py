@@ -32,9 +32,14 @@ __all__ = [
     "LRSchedulerConfig",
     "LoRAConfig",
     "OptimizerConfig",
+    "ADAMW_IMPLEMENTATIONS",
     "StepHyperparams",
     "config_from_mapping",
 ]
+
+# torch.optim.AdamW's kernels (names as torchtitan's optimizer.implementation): one fused kernel per
+# parameter group, multi-tensor ops over the parameter list, or a Python loop over the parameters.
+ADAMW_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
 
 
 class EngineConfigError(UserError, ValueError):
@@ -50,6 +55,7 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.01
     grad_clip: float = 1.0  # max global grad norm; <= 0 measures the norm without clipping
+    implementation: str = "fused"  # fused | foreach | for-loop: torch.optim.AdamW's kernels (docs/engines.md)
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,7 @@ class EngineConfig:
             "max_token_len_per_micro_batch": self.max_token_len_per_micro_batch >= 1,
             "optimizer.lr": self.optimizer.lr >= 0,
             "optimizer.betas": len(self.optimizer.betas) == 2,
+            "optimizer.implementation": self.optimizer.implementation in ADAMW_IMPLEMENTATIONS,
             "lr_scheduler.warmup_steps": self.lr_scheduler.warmup_steps >= 0,
             "lr_scheduler.min_lr_ratio": 0.0 <= self.lr_scheduler.min_lr_ratio <= 1.0,
             "lora.rank": self.lora.rank >= 0,

@@ -28,7 +28,7 @@ from rlflow.config import ConfigError
 from rlflow.data.rl_dataset import RL_TRUNCATION_POLICIES
 from rlflow.data.sft_dataset import SFT_TRUNCATION_POLICIES
 from rlflow.engines.common.lr_schedulers import LR_SCHEDULE_REGISTRY
-from rlflow.engines.config import LORA_PARTS
+from rlflow.engines.config import ADAMW_IMPLEMENTATIONS, LORA_PARTS
 from rlflow.models.hf_checkpoint import DTYPES
 from rlflow.models.presets import PRESETS
 from rlflow.observability.tracking import TRACKER_REGISTRY
@@ -90,6 +90,7 @@ def engine_choices(mount: str) -> list[Choice]:
         Choice(f"{mount}.device", DEVICES),
         *(Choice(f"{mount}.{key}", DTYPES) for key in ("dtype", "param_dtype", "reduce_dtype")),
         Choice(f"{mount}.lr_scheduler.name", LR_SCHEDULE_REGISTRY),
+        Choice(f"{mount}.optimizer.implementation", ADAMW_IMPLEMENTATIONS),
         Choice(f"{mount}.lora.parts", LORA_PARTS),
     ]
 

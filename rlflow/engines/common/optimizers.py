@@ -20,6 +20,8 @@ __all__ = ["DECAYS", "build_adamw", "clean_param_name", "move_optimizer_state", 
 # Param-group key: whether the group's parameters take weight decay (a per-step override applies to those only).
 DECAYS = "decays"
 _WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+# OptimizerConfig.implementation (one of config.ADAMW_IMPLEMENTATIONS) -> the AdamW arguments that select it
+_KERNEL_ARGS: dict[str, dict[str, bool]] = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
 
 
 def clean_param_name(name: str) -> str:
@@ -37,7 +39,8 @@ def no_decay_names(module: nn.Module) -> set[str]:
 def build_adamw(
     named_params: Iterable[tuple[str, nn.Parameter]], no_decay: set[str], config: OptimizerConfig
 ) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters; names (cleaned) in ``no_decay`` get weight_decay 0."""
+    """AdamW over the trainable parameters, with the kernels ``config.implementation`` names; names (cleaned)
+    in ``no_decay`` get weight_decay 0."""
     decay, skip = [], []
     for name, param in named_params:
         if param.requires_grad:
@@ -47,7 +50,8 @@ def build_adamw(
         {"params": skip, "weight_decay": 0.0, DECAYS: False},
     ]
     return torch.optim.AdamW(
-        [g for g in groups if g["params"]], lr=config.lr, betas=tuple(config.betas), eps=config.eps
+        [g for g in groups if g["params"]], lr=config.lr, betas=tuple(config.betas), eps=config.eps,
+        **_KERNEL_ARGS[config.implementation],
     )
 
 
