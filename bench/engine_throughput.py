@@ -13,8 +13,8 @@ and each engine's ratio to the plain loop (target >= 0.9).
 against the plain loop under ``torch.autocast`` (only engines with ``Capability.MIXED_PRECISION``).
 
 The engines are every registered one (``EngineRegistry.names()``) unless ``--engines`` names some,
-plus the registered engines' switches that exist for speed (``VARIANTS``: torchtitan's per-block
-``torch.compile``), each its own contender.
+plus the registered engines' switches that exist for speed (``VARIANTS``: fsdp2's per-layer and
+torchtitan's per-block ``torch.compile``), each its own contender.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ from results import BenchResult, Row, write_result
 
 TARGET = 0.9
 # contender name -> (engine, config overrides): switches whose effect is speed, measured beside their engine
-VARIANTS: dict[str, tuple[str, dict]] = {"torchtitan+compile": ("torchtitan", {"compile": True})}
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "fsdp2+compile": ("fsdp2", {"compile": True}),
+    "torchtitan+compile": ("torchtitan", {"compile": True}),
+}
 
 
 def make_batch(rows: int, seq_len: int, vocab: int) -> DataProto:
