@@ -5,7 +5,7 @@
   ``rlflow-export`` must reproduce) and its exported weights, and trains 3 more steps (the
   uninterrupted run); a fresh engine loads the save and trains the same 3 steps.
 * ``reshard_suite`` (1 rank): every engine declaring ``Capability.RESHARD`` loads the 2-rank
-  checkpoint and trains those 3 steps at world size 1.
+  checkpoint and trains those 3 steps at world size 1, with ``RESUMED_KERNELS`` for AdamW.
 * ``checkpoint_errors_suite`` (1 rank): a missing checkpoint, another engine's, and a 2-rank
   checkpoint of an engine that cannot reshard.
 * ``killed_save`` / ``resume_after_kill``: a save SIGKILLed mid-write leaves the previous one.
@@ -28,6 +28,7 @@ from rlflow.errors import CheckpointError
 SCHEDULE = {"name": "cosine", "warmup_steps": 2, "total_steps": 8, "min_lr_ratio": 0.1}
 BATCH_SEEDS = range(20, 26)  # steps 1-3 before the save, 4-6 after it
 PROBE_SEED = 27
+RESUMED_KERNELS = "for-loop"  # the reshard suite resumes with other AdamW kernels than the save's (the default)
 
 
 def _config(name: str) -> dict[str, Any]:
@@ -63,10 +64,14 @@ def reshard_suite(rank: int, world_size: int, model_path: Path, two_rank_out: Pa
     batches = [make_batch(seed) for seed in BATCH_SEEDS]
     results: dict[str, Any] = {}
     for name in engines_with(Capability.RESHARD):
-        engine = new_engine(_config(name), model_path)
+        config = _config(name)
+        config["optimizer"] = {**config["optimizer"], "implementation": RESUMED_KERNELS}  # the save ran fused ones
+        engine = new_engine(config, model_path)
         engine.load_checkpoint(two_rank_out / f"ckpt_{name}")
         rng_after_load = torch.get_rng_state()
-        results[name] = {"resumed": train_steps(engine, batches[3:], rank, world_size), "rng_after_load": rng_after_load}
+        kernels = [(group["fused"], group["foreach"]) for group in engine.optimizer.param_groups]
+        results[name] = {"resumed": train_steps(engine, batches[3:], rank, world_size), "rng_after_load": rng_after_load,
+                         "kernels": kernels}
     save_results(rank, out_dir, "reshard.pt", results)
 
 

@@ -2,7 +2,8 @@
 
 Exact resume at the same world size, a SIGKILLed save, the setup check's errors, and resume
 onto another world size: a checkpoint written by 2 ranks continues on 1 rank (DCP reshards
-model and optimizer state) for every engine declaring ``Capability.RESHARD``.
+model and optimizer state) for every engine declaring ``Capability.RESHARD``, with the AdamW
+kernels it is configured with rather than the saved run's.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def test_resume_is_bit_identical(engine: str, two_rank: Path) -> None:
 
 
 @pytest.mark.parametrize("engine", engines_with(Capability.RESHARD))
-def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_losses(engine: str, two_rank: Path, one_rank: Path) -> None:
+def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_losses_and_its_own_adamw_kernels(
+    engine: str, two_rank: Path, one_rank: Path
+) -> None:
     reference = load_results(two_rank, "checkpoint.pt")[engine]["uninterrupted"]  # 6 steps on 2 ranks, no stop
     resumed = load_results(one_rank, "reshard.pt")[engine]
     run = resumed["resumed"]  # steps 4-6 on 1 rank from the 2-rank checkpoint of step 3
@@ -40,6 +43,7 @@ def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_losses(engine: st
     for step, (loss, ref_loss) in enumerate(zip(run["losses"], reference["losses"]), start=4):
         assert abs(loss - ref_loss) <= LOSS_TOL, f"step {step}: loss {loss} at world size 1 vs {ref_loss} at 2"
     assert run["grad_norms"] == pytest.approx(reference["grad_norms"], rel=1e-5)
+    assert set(resumed["kernels"]) == {(None, False)}, "the configured for-loop AdamW, not the saved run's fused one"
     assert reference["losses"][-1] < reference["losses"][0] - 1e-3, "the steps must actually train"
     # RNG rule: rank 0 existed in the checkpoint, so it restores its own stream
     saved = torch.load(two_rank / f"ckpt_{engine}" / "rng_rank0.pt", weights_only=True)

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
 from rlflow.engines.common.optimizer_step import OptimizerStepper
 from rlflow.engines.common.optimizers import build_adamw, no_decay_names
-from rlflow.engines.config import EngineConfig, StepHyperparams
+from rlflow.engines.config import EngineConfig, OptimizerConfig, StepHyperparams
 
 
 def _grads(model: nn.Module, seed: int) -> None:
@@ -42,3 +44,35 @@ def test_step_hyperparams_replace_the_configured_adamw_settings_for_that_step():
     _grads(model, 9)
     norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
     assert stepper.step(0.03, unclipped)["grad_norm"] == norm > 0.05
+
+
+def test_a_loaded_optimizer_state_keeps_the_configured_kernels():
+    """Loading a state dict brings the saved run's AdamW kernels along; the stepper's load puts the configured
+    ones back (and the ``step`` counters where they keep them), and the next step matches a plain AdamW."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3)
+    saved_run = torch.optim.AdamW(model.parameters(), lr=0.03, fused=True)
+    _grads(model, 0)
+    saved_run.step()
+    reference = nn.Linear(6, 3)
+    reference.load_state_dict(model.state_dict())
+    plain = torch.optim.AdamW(reference.parameters(), lr=0.03, foreach=False)
+    plain.load_state_dict(copy.deepcopy(saved_run.state_dict()))  # a load keeps the given tensors: no sharing
+    config = EngineConfig(name="x", optimizer=OptimizerConfig(lr=0.03, weight_decay=0.01, implementation="for-loop"))
+    stepper = OptimizerStepper(build_adamw(model.named_parameters(), set(), config.optimizer), config,
+                               lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    stepper.optimizer.load_state_dict(copy.deepcopy(saved_run.state_dict()))  # as an engine's checkpoint load does
+    assert stepper.optimizer.param_groups[0]["fused"], "torch takes the saved run's kernels"
+    stepper.load_state_dict(stepper.state_dict())
+    group = stepper.optimizer.param_groups[0]
+    assert (group["fused"], group["foreach"]) == (None, False)
+    assert all(stepper.optimizer.state[p]["step"].device.type == "cpu" for p in model.parameters())
+    _grads(model, 1)
+    _grads(reference, 1)
+    torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+    stepper.step()
+    plain.param_groups[0].update(fused=None, foreach=False)
+    plain.step()
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-7)
+

@@ -9,8 +9,10 @@ advances the schedule: it counts training steps, not successful updates.
 
 The engine supplies only what depends on its layout: the norm function (FSDP reads a
 DTensor norm, a TP/PP engine reduces over its model-parallel groups) and the optimizer
-(anything with ``param_groups``, ``step()`` and ``zero_grad(set_to_none=True)``).
-``state_dict()`` is what a checkpoint must keep to resume the schedule and the counter.
+(an AdamW, or anything with its ``param_groups``, ``state``, ``step()`` and
+``zero_grad(set_to_none=True)``). ``state_dict()`` is what a checkpoint must keep to resume the
+schedule and the counter; ``load_state_dict`` also puts back the configured AdamW kernels, which
+loading the optimizer's saved state replaced with the saved run's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from rlflow.engines.common.lr_schedulers import LRSchedule
-from rlflow.engines.common.optimizers import DECAYS
+from rlflow.engines.common.optimizers import DECAYS, use_kernels
 from rlflow.engines.config import EngineConfig, StepHyperparams
 from rlflow.utils.logging import get_logger
 
@@ -50,6 +52,7 @@ class OptimizerStepper:
         self.optimizer = optimizer
         self.clip_grad_norm = clip_grad_norm
         self.grad_clip = config.optimizer.grad_clip
+        self.implementation = config.optimizer.implementation
         self.schedule = LRSchedule(config.lr_scheduler, config.optimizer.lr)
         self.skipped_steps = 0
 
@@ -91,9 +94,12 @@ class OptimizerStepper:
         return {"lr_schedule": self.schedule.state_dict(), "skipped_steps": self.skipped_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict`` returned (extra keys, such as a checkpoint's setup, are ignored)."""
+        """Restore what ``state_dict`` returned (extra keys, such as a checkpoint's setup, are ignored), after the
+        engine loaded the optimizer's own state: that brought the saved run's AdamW kernels along, and the
+        configured ones are put back."""
         self.schedule.load_state_dict(state["lr_schedule"])
         self.skipped_steps = int(state["skipped_steps"])
+        use_kernels(self.optimizer, self.implementation)
 
 
 def _apply(group: dict[str, Any], hyperparams: StepHyperparams) -> None:

@@ -8,20 +8,24 @@ parameters.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable, Optional
 
 import torch
 from torch import nn
 
 from rlflow.engines.config import OptimizerConfig
 
-__all__ = ["DECAYS", "build_adamw", "clean_param_name", "move_optimizer_state", "no_decay_names"]
+__all__ = ["DECAYS", "build_adamw", "clean_param_name", "move_optimizer_state", "no_decay_names", "use_kernels"]
 
 # Param-group key: whether the group's parameters take weight decay (a per-step override applies to those only).
 DECAYS = "decays"
 _WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 # OptimizerConfig.implementation (one of config.ADAMW_IMPLEMENTATIONS) -> the AdamW arguments that select it
-_KERNEL_ARGS: dict[str, dict[str, bool]] = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
+_KERNEL_ARGS: dict[str, dict[str, Optional[bool]]] = {
+    "fused": {"fused": True, "foreach": None},
+    "foreach": {"fused": None, "foreach": True},
+    "for-loop": {"fused": None, "foreach": False},
+}
 
 
 def clean_param_name(name: str) -> str:
@@ -61,3 +65,21 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device)
         for key, value in state.items():
             if key != "step" and isinstance(value, torch.Tensor) and value.device != device:
                 state[key] = value.to(device, non_blocking=True)
+
+
+def use_kernels(optimizer: Any, implementation: str) -> None:
+    """Run ``optimizer`` (an AdamW, or anything exposing its ``param_groups`` and ``state``) with the kernels
+    ``implementation`` names, and keep each ``step`` counter where those kernels expect it (on the parameter's
+    device for fused ones, in host memory otherwise, as torch places it).
+
+    Loading an optimizer state dict replaces the groups' settings with the saved run's, its kernels
+    included; the engine calls this after a load so the configured ``optimizer.implementation`` holds."""
+    args = _KERNEL_ARGS[implementation]
+    for group in optimizer.param_groups:
+        group.update(args)
+        on_device = bool(group["fused"]) or bool(group.get("capturable"))
+        for param in group["params"]:
+            step = optimizer.state.get(param, {}).get("step")
+            if isinstance(step, torch.Tensor):
+                optimizer.state[param]["step"] = step.to(param.device if on_device else "cpu")
+
