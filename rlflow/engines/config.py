@@ -26,13 +26,13 @@ from omegaconf.errors import OmegaConfBaseException
 from rlflow.errors import UserError
 
 __all__ = [
+    "ADAMW_IMPLEMENTATIONS",
     "EngineConfig",
     "EngineConfigError",
     "HFModuleEngineConfig",
     "LRSchedulerConfig",
     "LoRAConfig",
     "OptimizerConfig",
-    "ADAMW_IMPLEMENTATIONS",
     "StepHyperparams",
     "config_from_mapping",
 ]
