@@ -60,7 +60,7 @@ FSDP_ROWS: list[tuple[Optional[str], Optional[str], str]] = [
 ]
 # rlflow engine keys every mount has that no verl key sets.
 RLFLOW_ONLY_ENGINE_KEYS: list[tuple[str, str]] = [
-    ("attn_implementation", "sdpa | eager | flash_attention_2 | flex_attention"),
+    ("attn_implementation", "sdpa | sdpa_varlen | eager | flash_attention_2 | flex_attention"),
     ("logprob_chunk_size", "tokens per chunk of the log-prob computation"),
     ("trust_remote_code", "defaults to model.trust_remote_code"),
     ("lora.rank", "LoRA adapter rank; 0: full fine-tuning (docs/lora.md)"),

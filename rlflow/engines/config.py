@@ -149,7 +149,7 @@ class EngineConfig:
 class HFModuleEngineConfig(EngineConfig):
     """Options only an engine that runs the Hugging Face module itself honours (fsdp, fsdp2, ...)."""
 
-    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 | flex_attention
+    attn_implementation: str = "sdpa"  # sdpa | sdpa_varlen | eager | flash_attention_2 | flex_attention
     logprob_chunk_size: int = 1024  # tokens per chunk when turning hidden states into log-probs
     wrap_layer_classes: list[str] = field(default_factory=list)  # decoder-layer classes; empty: _no_split_modules
 

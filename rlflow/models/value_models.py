@@ -130,9 +130,12 @@ def per_token_values(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
+    **attention_kwargs: torch.Tensor,
 ) -> torch.Tensor:
-    """Values ``[B, T]`` in float32: the score head on the last hidden state of every token."""
+    """Values ``[B, T]`` in float32: the score head on the last hidden state of every token (``attention_kwargs``
+    go to the model call, for an attention function that reads them)."""
     hidden = model.base_model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+        **attention_kwargs,
     ).last_hidden_state
     return value_head(model)(hidden).squeeze(-1).float()

@@ -155,3 +155,19 @@ def test_a_compiled_layer_compiles_once_across_packed_row_shapes(token_dims_dyna
         inputs = _layer_inputs(rows, width)
         torch.testing.assert_close(layer(*inputs), _decoder_layer(*inputs))
     assert counter.frame_count == compiles
+
+
+def _grid_layer(hidden_states, sequence_slots):
+    """A layer reading an index map of the layout, as sdpa_varlen's attention reads its ``[sequences, longest]`` grid."""
+    return hidden_states[0][sequence_slots].sum(1).sum(0) + hidden_states.mean()
+
+
+def test_a_compiled_layer_compiles_once_across_index_map_shapes():
+    """The grid's sequence count and longest sequence change independently of the token count: marked too."""
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    layer = compile_layer_forward(_grid_layer, backend=counter)
+    for tokens, sequences, longest in [(40, 5, 8), (45, 5, 9), (50, 6, 9), (33, 4, 11)]:
+        inputs = (torch.randn(1, tokens, 16), torch.randint(0, tokens, (sequences, longest)))
+        torch.testing.assert_close(layer(*inputs), _grid_layer(*inputs))
+    assert counter.frame_count == 1

@@ -11,7 +11,9 @@ gives the graph of the last of those, and a recompile for any other reason keeps
 The token grid is read off ``hidden_states`` (its first two dimensions); every dimension of an
 input tensor with one of those two sizes is marked, except the last dimension of a float tensor
 (its features: the hidden size of the states, the head size of the rotary tables), which never
-changes. A dimension missed here only costs dynamo's own automatic recompile, and one marked
+changes. Every dimension of an integer tensor other than the token grid's is marked as well: such
+tensors are index maps of the batch's layout (``sdpa_varlen``'s ``[sequences, longest]`` grid),
+sized by it. A dimension missed here only costs dynamo's own automatic recompile, and one marked
 needlessly only a more general graph: never a wrong result.
 """
 
@@ -35,12 +37,14 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 
 
 def mark_token_dims_dynamic(hidden_states: torch.Tensor, inputs: Any) -> None:
-    """Mark every dimension of the tensors in ``inputs`` sized like ``hidden_states``' rows or width dynamic."""
+    """Mark every dimension of the tensors in ``inputs`` sized like ``hidden_states``' rows or width dynamic, and
+    every dimension of an integer tensor (an index map of the layout)."""
     grid = {size for size in hidden_states.shape[:2] if size > 1}  # size-1 dims are specialised by dynamo anyway
     for tensor in _tensors(inputs):
         last = tensor.ndim - 1
+        index_map = not tensor.is_floating_point() and tensor.dtype != torch.bool
         for dim, size in enumerate(tensor.shape):
-            if size in grid and not (dim == last and tensor.is_floating_point()):
+            if size > 1 and (index_map or (size in grid and not (dim == last and tensor.is_floating_point()))):
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 

@@ -75,6 +75,7 @@ class CausalLMForward(ForwardModule):
             attention_mask=stream.attention_mask,
             position_ids=stream.position_ids,
             use_cache=False,
+            **stream.attention_kwargs(),
         ).last_hidden_state
 
     def output_embeddings(self) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -102,7 +103,8 @@ class ValueForward(ForwardModule):
     """HF classification model with one label: the score head on every stream token."""
 
     def forward(self, stream: TokenStream, temperature: float, compute_entropy: bool) -> dict[str, torch.Tensor]:
-        values = per_token_values(self.model, stream.input_ids, stream.attention_mask, stream.position_ids)
+        values = per_token_values(self.model, stream.input_ids, stream.attention_mask, stream.position_ids,
+                                  **stream.attention_kwargs())
         return {"values": stream.to_rows(values.reshape(-1))}
 
 

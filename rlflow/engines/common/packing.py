@@ -4,7 +4,8 @@ A ``TokenStream`` is what the model sees:
 
 * padded: the ``[b, T]`` rows as they are, with the 2-D attention mask;
 * packed (remove-padding): the real tokens of all sequences placed back to back,
-  ``position_ids`` restarting at 0 for each sequence and no attention mask.
+  ``position_ids`` restarting at 0 for each sequence and no attention mask (with
+  ``sdpa_varlen``, ``varlen_sdpa.py``, also the index maps of its attention grid).
   transformers (>= 4.56, incl. 5.x) builds a block-diagonal causal mask from the
   position resets for sdpa/eager/flex and uses varlen kernels for flash-attention;
   this needs ``use_cache=False`` (a KV cache switches the detection off). A new
@@ -41,6 +42,7 @@ from typing import Optional
 
 import torch
 
+from rlflow.engines.common.varlen_sdpa import SDPA_VARLEN, sequence_grid
 from rlflow.utils.device import host_to_device
 
 __all__ = [
@@ -53,7 +55,7 @@ __all__ = [
     "row_width",
 ]
 
-VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention"})
+VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention", SDPA_VARLEN})
 
 
 def default_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -82,6 +84,14 @@ class TokenStream:
     batch_index: torch.Tensor  # flat [b*T] position of the same token
     source_index: torch.Tensor  # slots that predict the next token of the same sequence
     rows_shape: tuple[int, int]  # (b, T) of the micro-batch
+    sequence_slots: Optional[torch.Tensor] = None  # sdpa_varlen's attention grid (varlen_sdpa.sequence_grid)
+    token_slots: Optional[torch.Tensor] = None
+
+    def attention_kwargs(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments of the model call that its attention function reads (sdpa_varlen's grid)."""
+        if self.sequence_slots is None:
+            return {}
+        return {"sequence_slots": self.sequence_slots, "token_slots": self.token_slots}
 
     @property
     def target_index(self) -> torch.Tensor:
@@ -190,15 +200,17 @@ def make_token_stream(
     device = input_ids.device
     if not remove_padding:
         batch_index = mask.reshape(-1).nonzero().squeeze(-1)
-        starts = torch.tensor([row * width + int(cols[0]) for row, cols in enumerate(real_cols) if len(cols)], device=device)
+        row_starts = [row * width + int(cols[0]) for row, cols in enumerate(real_cols) if len(cols)]
         return TokenStream(
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=attention_mask,
             slot_index=batch_index,
             batch_index=batch_index,
-            source_index=_source_index(batch_rows * width, batch_index, starts.long()),
+            source_index=_source_index(batch_rows * width, batch_index, torch.tensor(row_starts, dtype=torch.long, device=device)),
             rows_shape=(batch_rows, width),
+            **_grid(attn_implementation, row_starts, [len(cols) for cols in real_cols if len(cols)], batch_rows * width, device,
+                    contiguous=all(len(cols) == 0 or int(cols[-1] - cols[0]) + 1 == len(cols) for cols in real_cols)),
         )
     lengths = [len(cols) for cols in real_cols]
     capacity = sum(lengths) if attn_implementation in VARLEN_ATTENTION else row_width(lengths, hidden_size)
@@ -229,4 +241,17 @@ def make_token_stream(
         batch_index=batch_index,
         source_index=_source_index(num_slots, slot_index, torch.tensor(starts, dtype=torch.long, device=device)),
         rows_shape=(batch_rows, width),
+        **_grid(attn_implementation, starts, [lengths[seq] for members in packed_rows for seq in members], num_slots, device),
     )
+
+
+def _grid(attn_implementation: str, starts: list[int], lengths: list[int], num_slots: int, device: torch.device,
+          contiguous: bool = True) -> dict[str, torch.Tensor]:
+    """sdpa_varlen's grid over the sequences at slots ``starts`` (``TokenStream`` fields); nothing for other kernels."""
+    if attn_implementation != SDPA_VARLEN or not lengths:
+        return {}
+    if not contiguous:
+        raise ValueError(f"attn_implementation={SDPA_VARLEN} needs each row's real tokens side by side (an attention "
+                         "mask without holes); use sdpa for this batch")
+    sequence_slots, token_slots = sequence_grid(starts, lengths, num_slots)
+    return {"sequence_slots": sequence_slots.to(device), "token_slots": token_slots.to(device)}
