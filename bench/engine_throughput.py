@@ -58,11 +58,11 @@ def make_batch(rows: int, seq_len: int, vocab: int) -> DataProto:
 
 def plain_step_fn(model_path: Path, batch: DataProto, device: str, param_dtype: str) -> Callable[[], None]:
     """The baseline: HF forward with full logits (under bf16 autocast for bf16 compute), masked token-mean
-    NLL, clip, fused AdamW (the engines' default kernels, and transformers' default optimizer on torch >= 2.8);
-    fp32 weights."""
+    NLL, clip, AdamW with torch's default kernels (the engines' default ``foreach``; the same arithmetic as
+    torch's for-loop on a CPU); fp32 weights."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
     model.to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     ids, mask, loss_mask = (batch.batch[key].to(device) for key in ("input_ids", "attention_mask", "loss_mask"))
     compute_dtype = getattr(torch, param_dtype)
 

@@ -22,7 +22,7 @@ OPTIM_ROWS: list[tuple[Optional[str], Optional[str], str]] = [
     (None, "optimizer.eps", ""),
     ("weight_decay", "optimizer.weight_decay", "rlflow decays matrices and embeddings only, never biases or norm weights"),
     ("clip_grad", "optimizer.grad_clip", "<= 0 measures the norm without clipping"),
-    (None, "optimizer.implementation", "AdamW's kernels: fused (default) | foreach | for-loop; verl passes them in override_optimizer_config"),
+    (None, "optimizer.implementation", "AdamW's kernels: foreach (default) | fused | for-loop; verl passes them in override_optimizer_config"),
     ("lr_scheduler_type", "lr_scheduler.name", "constant | cosine as in verl, plus linear"),
     ("warmup_style", "lr_scheduler.name", "verl's older name of lr_scheduler_type"),
     ("lr_warmup_steps", "lr_scheduler.warmup_steps", "verl's -1 (use the ratio) has no rlflow form: give steps"),

@@ -55,7 +55,7 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.01
     grad_clip: float = 1.0  # max global grad norm; <= 0 measures the norm without clipping
-    implementation: str = "fused"  # fused | foreach | for-loop: torch.optim.AdamW's kernels (docs/engines.md)
+    implementation: str = "foreach"  # foreach | fused | for-loop: torch.optim.AdamW's kernels (docs/engines.md)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from rlflow.errors import CheckpointError
 SCHEDULE = {"name": "cosine", "warmup_steps": 2, "total_steps": 8, "min_lr_ratio": 0.1}
 BATCH_SEEDS = range(20, 26)  # steps 1-3 before the save, 4-6 after it
 PROBE_SEED = 27
-RESUMED_KERNELS = "for-loop"  # the reshard suite resumes with other AdamW kernels than the save's (the default)
+RESUMED_KERNELS = "fused"  # the reshard suite resumes with other AdamW kernels than the save's (the default)
 
 
 def _config(name: str) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def reshard_suite(rank: int, world_size: int, model_path: Path, two_rank_out: Pa
     results: dict[str, Any] = {}
     for name in engines_with(Capability.RESHARD):
         config = _config(name)
-        config["optimizer"] = {**config["optimizer"], "implementation": RESUMED_KERNELS}  # the save ran fused ones
+        config["optimizer"] = {**config["optimizer"], "implementation": RESUMED_KERNELS}  # the save ran foreach
         engine = new_engine(config, model_path)
         engine.load_checkpoint(two_rank_out / f"ckpt_{name}")
         rng_after_load = torch.get_rng_state()
