@@ -82,4 +82,3 @@ def use_kernels(optimizer: Any, implementation: str) -> None:
             step = optimizer.state.get(param, {}).get("step")
             if isinstance(step, torch.Tensor):
                 optimizer.state[param]["step"] = step.to(param.device if on_device else "cpu")
-

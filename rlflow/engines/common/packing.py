@@ -201,6 +201,8 @@ def make_token_stream(
     if not remove_padding:
         batch_index = mask.reshape(-1).nonzero().squeeze(-1)
         row_starts = [row * width + int(cols[0]) for row, cols in enumerate(real_cols) if len(cols)]
+        row_lengths = [len(cols) for cols in real_cols if len(cols)]
+        side_by_side = all(int(cols[-1] - cols[0]) + 1 == len(cols) for cols in real_cols if len(cols))
         return TokenStream(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -209,8 +211,7 @@ def make_token_stream(
             batch_index=batch_index,
             source_index=_source_index(batch_rows * width, batch_index, torch.tensor(row_starts, dtype=torch.long, device=device)),
             rows_shape=(batch_rows, width),
-            **_grid(attn_implementation, row_starts, [len(cols) for cols in real_cols if len(cols)], batch_rows * width, device,
-                    contiguous=all(len(cols) == 0 or int(cols[-1] - cols[0]) + 1 == len(cols) for cols in real_cols)),
+            **_grid(attn_implementation, row_starts, row_lengths, batch_rows * width, device, side_by_side),
         )
     lengths = [len(cols) for cols in real_cols]
     capacity = sum(lengths) if attn_implementation in VARLEN_ATTENTION else row_width(lengths, hidden_size)
