@@ -4,7 +4,8 @@
 Why: sdpa has no variable-length form, so packed sequences share rows (``packing``) and every
 matmul of a layer runs over the rows' filler slots too: 8% of the slots at the GRPO bench's
 shape, after the row width search, in the projections and MLP that hold nearly all of the
-update's FLOPs (attention was 5.7% of the update, ``packing``). Flash attention's varlen kernels avoid that on GPUs; this is plain torch (tested on CPU).
+update's FLOPs (attention was 5.7% of the update, ``packing``). Flash attention's varlen
+kernels avoid that on GPUs; this is plain torch (tested on CPU).
 
 How: the stream is one row of real tokens only, as for flash attention (``packing.VARLEN_ATTENTION``).
 Inside each attention call, queries, keys and values are gathered into a grid
