@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from engine_testlib import build_test_model
 from rlflow.engines.common.hf_module import forward_micro_batch, load_forward_module
 from rlflow.engines.common.models import get_model_kind
 from rlflow.engines.common.packing import make_token_stream
@@ -20,11 +19,6 @@ from rlflow.engines.config import HFModuleEngineConfig, config_from_mapping
 from rlflow.protocol import DataProto
 
 TOL = 1e-5  # fp32: the grid's attention sums in another order than the padded batch's
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_test_model(tmp_path_factory.mktemp("varlen_model") / "tiny")
 
 
 @settings(max_examples=50, deadline=None)

@@ -202,7 +202,6 @@ def make_token_stream(
         batch_index = mask.reshape(-1).nonzero().squeeze(-1)
         row_starts = [row * width + int(cols[0]) for row, cols in enumerate(real_cols) if len(cols)]
         row_lengths = [len(cols) for cols in real_cols if len(cols)]
-        side_by_side = all(int(cols[-1] - cols[0]) + 1 == len(cols) for cols in real_cols if len(cols))
         return TokenStream(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -211,7 +210,7 @@ def make_token_stream(
             batch_index=batch_index,
             source_index=_source_index(batch_rows * width, batch_index, torch.tensor(row_starts, dtype=torch.long, device=device)),
             rows_shape=(batch_rows, width),
-            **_grid(attn_implementation, row_starts, row_lengths, batch_rows * width, device, side_by_side),
+            **_grid(attn_implementation, row_starts, row_lengths, batch_rows * width, device, row_cols=real_cols),
         )
     lengths = [len(cols) for cols in real_cols]
     capacity = sum(lengths) if attn_implementation in VARLEN_ATTENTION else row_width(lengths, hidden_size)
@@ -247,11 +246,12 @@ def make_token_stream(
 
 
 def _grid(attn_implementation: str, starts: list[int], lengths: list[int], num_slots: int, device: torch.device,
-          contiguous: bool = True) -> dict[str, torch.Tensor]:
-    """sdpa_varlen's grid over the sequences at slots ``starts`` (``TokenStream`` fields); nothing for other kernels."""
+          row_cols: Optional[list[torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+    """sdpa_varlen's grid over the sequences at slots ``starts`` (``TokenStream`` fields); nothing for other kernels.
+    ``row_cols``: the padded layout's real columns per row, which must have no holes (packed sequences never do)."""
     if attn_implementation != SDPA_VARLEN or not lengths:
         return {}
-    if not contiguous:
+    if row_cols is not None and any(len(cols) and int(cols[-1] - cols[0]) + 1 != len(cols) for cols in row_cols):
         raise ValueError(f"attn_implementation={SDPA_VARLEN} needs each row's real tokens side by side (an attention "
                          "mask without holes); use sdpa for this batch")
     sequence_slots, token_slots = sequence_grid(starts, lengths, num_slots)
