@@ -65,9 +65,12 @@ class TaskRows:
         text = tokenizer.decode(tokens, skip_special_tokens=True)
         return float(get_reward_fn(self.data_source)(self.data_source, text, self.ground_truths[index]))
 
-    def accuracy(self, tokenizer, sampler: tinker.SamplingClient, max_tokens: int) -> float:
-        answers = greedy(sampler, self.prompts, max_tokens)
-        return statistics.mean(self.reward(tokenizer, i, tokens) for i, tokens in enumerate(answers))
+    def mean_reward(self, tokenizer, sampler: tinker.SamplingClient, samples: int, max_tokens: int) -> float:
+        """The mean reward of ``samples`` completions per prompt at temperature 1: what the RL loop raises."""
+        params = types.SamplingParams(max_tokens=max_tokens, temperature=1.0)
+        futures = [sampler.sample(types.ModelInput.from_ints(p), samples, params) for p in self.prompts]
+        return statistics.mean(self.reward(tokenizer, i, sequence.tokens)
+                               for i, future in enumerate(futures) for sequence in future.result().sequences)
 
 
 def rl_step(client: tinker.TrainingClient, sampler: tinker.SamplingClient, tokenizer, rows: TaskRows, indices: list[int],

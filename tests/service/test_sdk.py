@@ -2,8 +2,8 @@
 
 For each engine (fsdp2, and fsdp: the other engine with LoRA) one server serves the tiny preset and the
 demo's SFT warm start: a supervised loop whose loss falls, forward log-probs equal to the HF model's, an
-RL loop whose greedy accuracy rises on the demo task, and a save -> load -> sample round trip with
-identical greedy samples (a later, different sampler in between). On the fsdp2 server: a tinker-cookbook
+RL loop whose sampled reward on held-out prompts of the demo task rises, and a save -> load -> sample
+round trip with identical greedy samples (a later, different sampler in between). On the fsdp2 server: a tinker-cookbook
 recipe from its own venv, 8 concurrent clients, and the errors (401, malformed protobuf, unknown model,
 too long, a seq_id gap, a failing request, a killed worker).
 """
@@ -32,9 +32,10 @@ from transformers import AutoModelForCausalLM
 
 ENGINES = ["fsdp2", "fsdp"]
 RANK = 8
-# All 256 of the demo's val prompts: on the first 64 alone, the same healthy loop gained 0 to +0.08
-# (2026-11-27, 7 runs), against +0.07 to +0.15 on all 256.
-RL_VAL_PROMPTS = 256
+# The RL test scores the mean reward of 4 samples on each of the demo's 256 val prompts. Greedy accuracy
+# was too noisy to test: healthy runs gained 0 to +0.08 on 64 prompts, and +0.000 in 1 of 3 runs from a
+# fused-AdamW warm start on all 256, while the sampled reward rose by +0.09 to +0.13 (2026-11-27).
+RL_VAL_PROMPTS, RL_VAL_SAMPLES = 256, 4
 RL_STEPS, RL_PROMPTS, RL_GROUP, RL_MAX_TOKENS, RL_LR = 12, 16, 8, 32, 2e-3
 
 
@@ -160,21 +161,24 @@ def test_save_load_sample_round_trip_gives_identical_greedy_samples(services, en
     assert greedy(restored.save_weights_and_get_sampling_client().result(), prompts) == saved
 
 
+@pytest.mark.timeout(600)  # 12 RL steps and 2 x 1024 val samples: 3-4 min on a 2-core AVX2 EPYC
 @pytest.mark.parametrize("engine", ENGINES)
-def test_rl_loop_raises_greedy_accuracy_on_the_demo_task(services, demo, engine):
+def test_rl_loop_raises_the_val_reward_on_the_demo_task(services, demo, engine):
     service, client = _client(services(engine), base_model="warm")
     tokenizer = client.get_tokenizer()
     train = TaskRows.load(demo.out / "data" / "train.parquet", tokenizer, RL_STEPS * RL_PROMPTS)
     val = TaskRows.load(demo.out / "data" / "val.parquet", tokenizer, RL_VAL_PROMPTS)
-    before = val.accuracy(tokenizer, client.save_weights_and_get_sampling_client().result(), RL_MAX_TOKENS)
+    before = val.mean_reward(tokenizer, client.save_weights_and_get_sampling_client().result(), RL_VAL_SAMPLES,
+                             RL_MAX_TOKENS)
     rewards = []
     for step in range(RL_STEPS):
         sampler = client.save_weights_and_get_sampling_client().result()
         indices = list(range(step * RL_PROMPTS, (step + 1) * RL_PROMPTS))
         rewards.append(rl_step(client, sampler, tokenizer, train, indices, RL_GROUP, RL_MAX_TOKENS, RL_LR))
-    after = val.accuracy(tokenizer, client.save_weights_and_get_sampling_client().result(), RL_MAX_TOKENS)
-    print(f"{engine}: greedy val accuracy {before:.3f} -> {after:.3f}; train reward by step {rewards}")
-    assert after >= before + 0.03, f"greedy val accuracy {before:.3f} -> {after:.3f}"
+    after = val.mean_reward(tokenizer, client.save_weights_and_get_sampling_client().result(), RL_VAL_SAMPLES,
+                            RL_MAX_TOKENS)
+    print(f"{engine}: val reward {before:.3f} -> {after:.3f}; train reward by step {rewards}")
+    assert after >= before + 0.03, f"val reward {before:.3f} -> {after:.3f}"
     assert statistics.mean(rewards[-3:]) > statistics.mean(rewards[:3])
 
 
