@@ -3,9 +3,9 @@
 For each engine (fsdp2, and fsdp: the other engine with LoRA) one server serves the tiny preset and the
 demo's SFT warm start: a supervised loop whose loss falls, forward log-probs equal to the HF model's, an
 RL loop whose sampled reward on held-out prompts of the demo task rises, and a save -> load -> sample
-round trip with identical greedy samples (a later, different sampler in between). On the fsdp2 server: a tinker-cookbook
-recipe from its own venv, 8 concurrent clients, and the errors (401, malformed protobuf, unknown model,
-too long, a seq_id gap, a failing request, a killed worker).
+round trip with identical greedy samples (a later, different sampler in between). On the fsdp2 server:
+a tinker-cookbook recipe from its own venv, 8 concurrent clients, and the errors (401, malformed
+protobuf, unknown model, too long, a seq_id gap, a failing request, a killed worker).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from transformers import AutoModelForCausalLM
 ENGINES = ["fsdp2", "fsdp"]
 RANK = 8
 # The RL test scores the mean reward of 4 samples on each of the demo's 256 val prompts. Greedy accuracy
-# was too noisy to test: healthy runs gained 0 to +0.08 on 64 prompts, and +0.000 in 1 of 3 runs from a
+# was too noisy to test: healthy runs gained 0 to +0.08 on 64 prompts, and +0.000 in 2 of 6 runs from a
 # fused-AdamW warm start on all 256, while the sampled reward rose by +0.09 to +0.13 (2026-11-27).
 RL_VAL_PROMPTS, RL_VAL_SAMPLES = 256, 4
 RL_STEPS, RL_PROMPTS, RL_GROUP, RL_MAX_TOKENS, RL_LR = 12, 16, 8, 32, 2e-3
