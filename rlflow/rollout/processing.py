@@ -126,7 +126,8 @@ class ResponseEnd:
         return any(stop in text for stop in self.stop)
 
 
-def _left_pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` of token ids left-padded with ``pad_id`` to ``width``: the ids and the attention mask."""
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
@@ -164,7 +165,7 @@ def build_rollout_output(
     if len(responses) != len(prompt_tokens) * n or len(log_probs) != len(responses):
         raise RuntimeError(f"rollout produced {len(responses)} responses for {len(prompt_tokens)} prompts x n={n}")
     prompt_width = prompts.batch["input_ids"].shape[1] if "input_ids" in prompts.batch else 0
-    prompt_ids, prompt_mask = _left_pad([row for row in prompt_tokens for _ in range(n)], prompt_width, pad_token_id)
+    prompt_ids, prompt_mask = left_pad([row for row in prompt_tokens for _ in range(n)], prompt_width, pad_token_id)
     response_ids = _right_pad(responses, width, pad_token_id, torch.long)
     response_mask = _right_pad([[1] * len(r) for r in responses], width, 0, torch.long)
     rollout_log_probs = _right_pad(log_probs, width, 0.0, torch.float32)

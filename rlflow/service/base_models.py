@@ -59,14 +59,15 @@ class HostDeadError(RuntimeError):
 class BaseModelHost:
     """A worker group (engine + rollout replica per rank) for one base model and LoRA shape."""
 
-    def __init__(self, base: BaseModel, shape: LoraShape, config: Any, work_dir: Path, hold_s: float) -> None:
+    def __init__(self, base: BaseModel, shape: LoraShape, config: Any, work_dir: Path, hold_s: float,
+                 max_sample_batch: int) -> None:
         self.base = base
         self.shape = shape
         self.label = f"{base.name}-r{shape.rank}-{'-'.join(shape.parts)}"  # the worker group's and thread's name
         self.config = config
         self.work_dir = work_dir
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"host-{self.label}")
-        self.scheduler = HostScheduler(self.executor, self.drop_gradients, hold_s)
+        self.scheduler = HostScheduler(self.executor, self.drop_gradients, hold_s, max_batch=max_sample_batch)
         self.group: Optional[RayWorkerGroup] = None
         self.dead: Optional[str] = None
         self.active: Optional[TrainingModel] = None

@@ -42,6 +42,7 @@ class ServiceSection:
     lora_alpha: float = 32.0
     seq_gap_wait_s: float = 10.0
     gradient_hold_s: float = 60.0
+    max_sample_batch: int = 256
     poll_wait_s: float = 25.0
     keep_result_s: float = 300.0
     expire_result_s: float = 3600.0
@@ -75,6 +76,9 @@ def _check_service(config: DictConfig) -> None:
         raise ConfigError("config key 'service.models': name at least one base model, e.g. service.models.tiny=/path/to/hf")
     if service.max_hosts < 1 or service.max_seq_len < 2:
         raise ConfigError("config keys 'service.max_hosts' and 'service.max_seq_len' must be >= 1 and >= 2")
+    if service.max_sample_batch < 1:
+        raise ConfigError(f"config key 'service.max_sample_batch' must be >= 1 (1: each sampling request alone), "
+                          f"got {service.max_sample_batch}")
     name = str(config.engine.name)
     if Capability.LORA not in EngineRegistry.get(name, config_key="engine.name").capabilities:
         lora_engines = [engine for engine in EngineRegistry.names() if Capability.LORA in EngineRegistry.get(engine).capabilities]

@@ -5,18 +5,24 @@
 ``stop`` as text stops (strings) or stop token ids (integers). A sample ends at its first stop,
 which it includes, as at an EOS token. ``prompt_logprobs`` are not computed (the rollout returns
 the log-probs of sampled tokens only), so ``compute_logprobs`` is refused.
+
+Requests with equal ``batch_key`` may run as one rollout call (``HostScheduler``): ``rollout_prompts``
+left-pads their prompts into one batch, and ``sample_outcomes`` hands each request its own rows.
+A request with a ``seed`` has no batch key: it runs alone, so its samples do not depend on what
+else was queued.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Hashable, Optional
 
 import torch
 
 from rlflow.errors import UserError
 from rlflow.protocol import DataProto
+from rlflow.rollout.processing import left_pad
 from rlflow.service.catalogue import BaseModel
 from rlflow.service.futures import Payload
 from rlflow.service.wire import PROTOBUF, SampledSequence, encode_sample_response
@@ -71,24 +77,49 @@ class SamplingRequest:
             "stop_token_ids": [int(s) for s in stops if not isinstance(s, str)],
         }
 
-    def prompts(self, base: BaseModel, max_seq_len: int) -> DataProto:
-        """The one-row prompt batch, its sampling in ``meta_info``; refuses a prompt plus ``max_tokens`` over the context."""
+    @cached_property
+    def batch_key(self) -> Optional[Hashable]:
+        """What requests must share to run in one rollout call (their sampling, stops included); None with a seed."""
         sampling = self.rollout_sampling
-        if sampling["max_new_tokens"] < 1:
+        if sampling["seed"] is not None:
+            return None
+        return tuple(sorted((key, tuple(value) if isinstance(value, list) else value) for key, value in sampling.items()))
+
+    def check(self, max_seq_len: int) -> None:
+        """Refuse ``max_tokens`` < 1 and a prompt plus ``max_tokens`` over the context (``SamplingRequestError``)."""
+        max_new_tokens = self.rollout_sampling["max_new_tokens"]
+        if max_new_tokens < 1:
             raise SamplingRequestError("sampling_params.max_tokens must be >= 1")
-        if len(self.prompt) + sampling["max_new_tokens"] > max_seq_len:
-            raise SamplingRequestError(f"the prompt's {len(self.prompt)} tokens plus max_tokens={sampling['max_new_tokens']} "
+        if len(self.prompt) + max_new_tokens > max_seq_len:
+            raise SamplingRequestError(f"the prompt's {len(self.prompt)} tokens plus max_tokens={max_new_tokens} "
                                        f"exceed the model's context of {max_seq_len} tokens")
-        ids = torch.tensor([self.prompt], dtype=torch.long)
-        prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                                       "position_ids": torch.arange(ids.shape[1]).unsqueeze(0)})
-        prompts.meta_info = {"sampling": sampling}
-        return prompts
+
+
+def rollout_prompts(requests: list[SamplingRequest], pad_token_id: int) -> DataProto:
+    """The prompts of ``requests`` (equal ``batch_key``, or just one) as one left-padded batch, the first
+    request's sampling in ``meta_info``."""
+    width = max(len(request.prompt) for request in requests)
+    ids, mask = left_pad([request.prompt for request in requests], width, pad_token_id)
+    prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask,
+                                   "position_ids": (mask.cumsum(dim=1) - 1).clamp(min=0)})
+    prompts.meta_info = {"sampling": requests[0].rollout_sampling}
+    return prompts
+
+
+def sample_outcomes(output: DataProto, requests: list[SamplingRequest], base: BaseModel) -> list[Payload]:
+    """Each request's ``SampleResponse`` from the rollout's output for ``rollout_prompts(requests)``: its
+    ``num_samples`` rows, in request order (a prompt's samples are adjacent)."""
+    counts = [request.num_samples for request in requests]
+    if len(output) != sum(counts):
+        raise RuntimeError(f"the rollout returned {len(output)} samples; the {len(requests)} requests asked for {sum(counts)}")
+    starts = torch.tensor([0, *counts]).cumsum(dim=0).tolist()
+    return [sample_outcome(output[start:start + count], request, base)
+            for start, count, request in zip(starts, counts, requests)]
 
 
 def sample_outcome(output: DataProto, request: SamplingRequest, base: BaseModel) -> Payload:
-    """The ``SampleResponse`` of the rollout's output for ``request`` (a sample stopped if it ended on an end token
-    or before ``max_tokens``)."""
+    """The ``SampleResponse`` of ``request``'s rows of the rollout's output (a sample stopped if it ended on an end
+    token or before ``max_tokens``)."""
     sampling = request.rollout_sampling
     end_ids = base.end_token_ids | set(sampling["stop_token_ids"])
     sequences = []

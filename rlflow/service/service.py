@@ -24,9 +24,9 @@ from rlflow.service.base_models import BaseModelHost, TrainingModel
 from rlflow.service.batches import training_batch
 from rlflow.service.catalogue import BaseModel, CheckpointFolders, LoraShape, UnknownModelError, find_base_model
 from rlflow.service.futures import FutureStore, Outcome, Payload
-from rlflow.service.scheduler import Job
+from rlflow.service.scheduler import Job, JobBatch
 from rlflow.service.losses import loss_config
-from rlflow.service.sampling import SamplingRequest, sample_outcome
+from rlflow.service.sampling import SamplingRequest, rollout_prompts, sample_outcomes
 from rlflow.service.sequencer import RequestSequencer
 from rlflow.service.wire import PROTOBUF, ForwardBackwardCall, encode_forward_backward_output
 from rlflow.utils.logging import get_logger
@@ -96,23 +96,24 @@ class TinkerService:
 
     # ------------------------------------------------------------------ running requests
     def _queue(self, host: BaseModelHost, label: str, job: Callable[[], Payload], owner: Optional[str] = None,
-               seq_id: Optional[int] = None, accumulates: bool = False, steps: bool = False) -> str:
+               seq_id: Optional[int] = None, accumulates: bool = False, steps: bool = False,
+               batch: Optional[JobBatch] = None) -> str:
         """Queue ``job`` on ``host`` (``owner``: the training client whose engine state it uses, None: the sampler
-        only; ``HostScheduler`` orders it). Its result, or its error naming ``label``, fills a new future, and
-        the request log gets a line when it ends."""
+        only; ``HostScheduler`` orders it, and runs it with queued jobs of its ``batch`` key). Its result, or its
+        error naming ``label``, fills a new future, and the request log gets a line when it ends (``batched``: the
+        requests that ran in its call)."""
         request_id = self.futures.create()
         entry = {"request_id": request_id, "label": label, "model_id": owner, "seq_id": seq_id, "queued": time.time()}
 
-        def timed() -> Payload:
-            entry["started"] = time.time()
-            return job()
+        def started(jobs_in_call: int) -> None:
+            entry.update(started=time.time(), batched=jobs_in_call)
 
         def done(task: asyncio.Future) -> None:
             outcome = self._outcome(host, label, task)
             self.futures.finish(request_id, outcome)
             self.request_log.write({**entry, "finished": time.time(), "error": outcome.error})
 
-        host.scheduler.submit(Job(owner, timed, done, accumulates=accumulates, steps=steps))
+        host.scheduler.submit(Job(owner, job, done, accumulates=accumulates, steps=steps, on_start=started, batch=batch))
         return request_id
 
     def _outcome(self, host: BaseModelHost, label: str, done: asyncio.Future) -> Outcome:
@@ -141,7 +142,8 @@ class TinkerService:
             raise CapacityError(f"base model {base.name!r} with LoRA rank {shape.rank} on {'+'.join(shape.parts)} needs "
                                 f"another worker group, and service.max_hosts={self.config.service.max_hosts} are running")
         host = BaseModelHost(base, shape, self.config, self.folders.root / "hosts" / str(len(self.hosts)),
-                             hold_s=float(self.config.service.gradient_hold_s))
+                             hold_s=float(self.config.service.gradient_hold_s),
+                             max_sample_batch=int(self.config.service.max_sample_batch))
         self.hosts[key] = host
         return host
 
@@ -266,16 +268,22 @@ class TinkerService:
         return sampling_session_id
 
     def sample(self, request: SamplingRequest) -> tuple[str, list[str]]:
-        """Queue a sampling request; returns its request id and the ids of its samples."""
+        """Queue a sampling request; returns its request id and the ids of its samples. Queued requests of one
+        sampler with one ``batch_key`` run as one rollout call (``HostScheduler``, ``service.max_sample_batch``)."""
         sampler = self.sampler(request.sampling_session_id)
         base = self.catalogue[sampler.host.name]
-        prompts = request.prompts(base, self.max_seq_len)
+        request.check(self.max_seq_len)
 
-        def job() -> Payload:
+        def run_together(requests: list[SamplingRequest]) -> list[Payload]:
             sampler.host.start()
-            return sample_outcome(sampler.host.sample(sampler.adapter_folder, prompts), request, base)
+            prompts = rollout_prompts(requests, base.pad_token_id)
+            return sample_outcomes(sampler.host.sample(sampler.adapter_folder, prompts), requests, base)
 
-        request_id = self._queue(sampler.host, f"asample (session {request.sampling_session_id})", job)
+        batch = None
+        if request.batch_key is not None:
+            batch = JobBatch((sampler.adapter_folder, request.batch_key), request, run_together)
+        request_id = self._queue(sampler.host, f"asample (session {request.sampling_session_id})",
+                                 lambda: run_together([request])[0], batch=batch)
         return request_id, [f"{request_id}:{index}" for index in range(request.num_samples)]
 
     def shutdown(self) -> None:

@@ -161,6 +161,27 @@ def test_save_load_sample_round_trip_gives_identical_greedy_samples(services, en
     assert greedy(restored.save_weights_and_get_sampling_client().result(), prompts) == saved
 
 
+def test_samples_sent_at_once_run_batched_and_each_gets_the_hf_greedy_answer_to_its_own_prompt(services, demo):
+    """Greedy requests with prompts of different lengths, sent without waiting, run left-padded together in a few
+    rollout calls (``service.max_sample_batch``); each request's tokens are HF ``generate``'s for its prompt alone."""
+    server = services("fsdp2")
+    _, client = _client(server, base_model="warm")  # the worker group the RL test uses: service.max_hosts is 2
+    tokenizer = client.get_tokenizer()
+    val = TaskRows.load(demo.out / "data" / "val.parquet", tokenizer, 16)
+    prompts = val.prompts + [tokenizer.encode(text) for text in ("1+2", "7-3+4=", "9-8=1\n1-0=1\n1+1=")] * 2
+    sampler = client.save_weights_and_get_sampling_client().result()  # fresh adapters (B = 0): the base model
+    sent = time.time()
+    answers = greedy(sampler, prompts, max_tokens=16)
+
+    hf = AutoModelForCausalLM.from_pretrained(demo.out / "sft" / "hf", dtype=torch.float32).eval()
+    for prompt, answer in zip(prompts, answers):  # generate stops after the model's EOS, as the service's samples do
+        generated = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0, len(prompt):].tolist()
+        assert answer == generated, f"prompt {tokenizer.decode(prompt)!r}: service {answer}, HF {generated}"
+    calls = [json.loads(line) for line in (server.checkpoint_dir / "requests.jsonl").read_text().splitlines()]
+    sizes = [entry["batched"] for entry in calls if entry["label"].startswith("asample") and entry["queued"] >= sent]
+    assert len(sizes) == len(prompts) and max(sizes) > 1, f"the requests ran in calls of {sizes}"
+
+
 @pytest.mark.timeout(600)  # 12 RL steps and 2 x 1024 val samples: 3-4 min on a 2-core AVX2 EPYC
 @pytest.mark.parametrize("engine", ENGINES)
 def test_rl_loop_raises_the_val_reward_on_the_demo_task(services, demo, engine):
