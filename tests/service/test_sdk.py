@@ -182,7 +182,6 @@ def test_samples_sent_at_once_run_batched_and_each_gets_the_hf_greedy_answer_to_
     assert len(sizes) == len(prompts) and max(sizes) > 1, f"the requests ran in calls of {sizes}"
 
 
-@pytest.mark.timeout(600)  # 12 RL steps and 2 x 1024 val samples: 3-4 min on a 2-core AVX2 EPYC
 @pytest.mark.parametrize("engine", ENGINES)
 def test_rl_loop_raises_the_val_reward_on_the_demo_task(services, demo, engine):
     service, client = _client(services(engine), base_model="warm")
