@@ -35,7 +35,6 @@ from rlflow.trainer.config_loading import compose_sft_config
 
 REPO = Path(__file__).resolve().parents[2]
 TASK_OPTIONS = {"digits": 2}
-FULL_SPLITS = {"n_train": 4000, "n_val": 200}
 
 
 @dataclass(frozen=True)
@@ -43,12 +42,11 @@ class SFTAssets:
     """A model folder and synthetic task files: ``sft_train``/``sft_val`` (chat) and ``val`` (RL prompts).
 
     ``data`` is small (tokenizing costs a few ms per sample and rank): enough batches for
-    parity, resume and error tests. ``full_data`` is the larger split the accuracy test learns from.
+    parity, resume and error tests.
     """
 
     model: Path
     data: dict[str, Path]
-    full_data: dict[str, Path]
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,8 +56,7 @@ def sft_assets() -> SFTAssets:
     model = build_preset(root / "tiny", tokenizer_corpus(), preset="tiny", seed=0)
     task = build_task("addition", **TASK_OPTIONS)
     data = write_task_files(task, root / "addition_small", n_train=96, n_val=24, seed=0)
-    full_data = write_task_files(task, root / "addition", **FULL_SPLITS, seed=0)
-    return SFTAssets(model, data, full_data)
+    return SFTAssets(model, data)
 
 
 def sft_config(overrides: list[str]) -> DictConfig:
