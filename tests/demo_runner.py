@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -49,15 +50,39 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def run_demo_script(out: Path, knobs: dict[str, str]) -> str:
     """Run ``recipes/demo.sh`` into ``out`` with ``knobs``; return its output."""
-    return run_recipe(DEMO_SCRIPT, {**knobs, "DEMO_OUT": str(out)})
+    return run_recipe(DEMO_SCRIPT, {**knobs, "DEMO_OUT": str(out)}, log_path=out.with_name(f"{out.name}.log"))
 
 
-def run_recipe(script: Path, env_vars: dict[str, str], overrides: Sequence[str] = ()) -> str:
-    """Run a recipe script with ``env_vars`` (this interpreter's bin first on PATH) and extra Hydra ``overrides``;
-    return its output."""
-    env = {**os.environ, **env_vars, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    result = subprocess.run(["bash", str(script), *overrides], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=RUN_TIMEOUT_S)
-    log = result.stdout + "\n--- stderr ---\n" + result.stderr
-    assert result.returncode == 0, f"{script.name} exited {result.returncode}:\n{log[-6000:]}"
-    return log
+class RecipeProcess:
+    """A recipe script running in the background, its output (stdout and stderr) going to ``log_path``."""
+
+    def __init__(self, script: Path, env_vars: dict[str, str], overrides: Sequence[str], log_path: Path) -> None:
+        env = {**os.environ, **env_vars, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        self.script, self.log_path = script, log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("w") as log:  # a file, not a pipe: two runs at once never block on a full pipe
+            self.process = subprocess.Popen(["bash", str(script), *overrides], cwd=REPO, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self) -> str:
+        """Wait for the run (``RUN_TIMEOUT_S`` at most) and return its output; fail if it failed."""
+        try:
+            code = self.process.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        log = self.log_path.read_text()
+        assert code == 0, f"{self.script.name} exited {code}:\n{log[-6000:]}"
+        return log
+
+    def kill(self) -> None:
+        """Stop the run and everything it started (its Ray cluster included)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def run_recipe(script: Path, env_vars: dict[str, str], overrides: Sequence[str] = (), *, log_path: Path) -> str:
+    """Run a recipe script with ``env_vars`` (this interpreter's bin first on PATH) and extra Hydra ``overrides``,
+    its output going to ``log_path``; return that output."""
+    return RecipeProcess(script, env_vars, overrides, log_path).wait()

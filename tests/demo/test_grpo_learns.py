@@ -17,8 +17,10 @@ MARGIN: docs/demo.md has the measurements behind it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from demo_runner import REPO, VAL_ACCURACY, read_metrics, run_recipe
+from demo_runner import REPO, VAL_ACCURACY, RecipeProcess, read_metrics, run_recipe
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -29,33 +31,35 @@ def test_grpo_raises_val_accuracy_from_a_warm_start(demo):
     assert_learns(demo.metrics("grpo"))
 
 
-def test_grpo_on_the_torchtitan_engine_learns_as_much(demo, tmp_path):
-    out = tmp_path / "grpo_torchtitan"
-    env = {"MODEL": str(demo.out / "sft" / "hf"), "DATA": str(demo.out / "data"), "OUT": str(out),
-           "STEPS": str(demo.grpo_steps), "SEED": demo.knobs["DEMO_SEED"], "ENGINE": "torchtitan"}
-    run_recipe(REPO / "recipes" / "grpo_tiny_cpu.sh", env)
+def _warm_start_env(demo, out: Path) -> dict[str, str]:
+    """The recipe inputs of a run from the demo's SFT warm start, as many steps and the same seed as its GRPO run."""
+    return {"MODEL": str(demo.out / "sft" / "hf"), "DATA": str(demo.out / "data"), "OUT": str(out),
+            "STEPS": str(demo.grpo_steps), "SEED": demo.knobs["DEMO_SEED"]}
+
+
+@pytest.fixture(scope="module")
+def one_worker_runs(demo, tmp_path_factory):
+    """The torchtitan run and the LoRA run, started together: each trains in one worker process, so on a 2-core
+    machine the two take about the wall time of one. Each test waits for its own; both stop after the module."""
+    root = tmp_path_factory.mktemp("one_worker_runs")
+    runs = {"torchtitan": (root / "grpo_torchtitan", REPO / "recipes" / "grpo_tiny_cpu.sh", {"ENGINE": "torchtitan"}),
+            "lora": (root / "grpo_lora", REPO / "recipes" / "grpo_lora_tiny_cpu.sh", {})}
+    started = {name: (out, RecipeProcess(script, {**_warm_start_env(demo, out), **env}, (), out.with_suffix(".log")))
+               for name, (out, script, env) in runs.items()}
+    yield started
+    for _, process in started.values():
+        process.kill()
+
+
+def test_grpo_on_the_torchtitan_engine_learns_as_much(one_worker_runs):
+    out, process = one_worker_runs["torchtitan"]
+    process.wait()
     assert_learns(read_metrics(out))
 
 
-def test_grpo_on_the_megatron_engine_at_tp2_learns_as_much(demo, tmp_path):
-    out = tmp_path / "grpo_megatron_tp2"
-    env = {"MODEL": str(demo.out / "sft" / "hf"), "DATA": str(demo.out / "data"), "OUT": str(out),
-           "STEPS": str(demo.grpo_steps), "SEED": demo.knobs["DEMO_SEED"], "ENGINE": "megatron"}
-    tp2 = ["trainer.n_procs_per_node=2", "actor.engine.tensor_model_parallel_size=2",
-           "ref.engine.tensor_model_parallel_size=2"]
-    run_recipe(REPO / "recipes" / "grpo_tiny_cpu.sh", env, tp2)
-    records = read_metrics(out)
-    print("megatron TP=2 val accuracy:", [round(r[VAL_ACCURACY], 3) for r in records if VAL_ACCURACY in r])
-    assert_learns(records)
-    mismatch = [r["rollout/logprob_diff_mean"] for r in records if "rollout/logprob_diff_mean" in r]
-    assert mismatch and max(mismatch) <= 1e-4, f"train/inference log-prob mismatch {max(mismatch):.2e} is above fp32 noise"
-
-
-def test_grpo_with_lora_gains_at_least_half_of_full_fine_tuning(demo, tmp_path):
-    out = tmp_path / "grpo_lora"
-    env = {"MODEL": str(demo.out / "sft" / "hf"), "DATA": str(demo.out / "data"), "OUT": str(out),
-           "STEPS": str(demo.grpo_steps), "SEED": demo.knobs["DEMO_SEED"]}
-    log = run_recipe(REPO / "recipes" / "grpo_lora_tiny_cpu.sh", env)
+def test_grpo_with_lora_gains_at_least_half_of_full_fine_tuning(demo, one_worker_runs):
+    out, process = one_worker_runs["lora"]
+    log = process.wait()
     full, lora = demo.metrics("grpo"), read_metrics(out)
     assert lora[0][VAL_ACCURACY] == full[0][VAL_ACCURACY], "the runs did not start from the same warm start"
     full_gain = full[-1][VAL_ACCURACY] - full[0][VAL_ACCURACY]
@@ -66,6 +70,19 @@ def test_grpo_with_lora_gains_at_least_half_of_full_fine_tuning(demo, tmp_path):
     assert "reference: the actor's base model (LoRA adapters off)" in log
     assert lora[-1]["actor/ref_kl"] > 0, "the policy never moved away from its reference (the base model)"
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_grpo_on_the_megatron_engine_at_tp2_learns_as_much(demo, tmp_path):
+    out = tmp_path / "grpo_megatron_tp2"
+    tp2 = ["trainer.n_procs_per_node=2", "actor.engine.tensor_model_parallel_size=2",
+           "ref.engine.tensor_model_parallel_size=2"]
+    run_recipe(REPO / "recipes" / "grpo_tiny_cpu.sh", {**_warm_start_env(demo, out), "ENGINE": "megatron"}, tp2,
+               log_path=out.with_suffix(".log"))
+    records = read_metrics(out)
+    print("megatron TP=2 val accuracy:", [round(r[VAL_ACCURACY], 3) for r in records if VAL_ACCURACY in r])
+    assert_learns(records)
+    mismatch = [r["rollout/logprob_diff_mean"] for r in records if "rollout/logprob_diff_mean" in r]
+    assert mismatch and max(mismatch) <= 1e-4, f"train/inference log-prob mismatch {max(mismatch):.2e} is above fp32 noise"
 
 
 def assert_learns(records: list[dict]) -> None:
