@@ -26,4 +26,4 @@ from demo_runner import KNOBS, DemoRun, run_demo_script  # noqa: E402
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory) -> DemoRun:
     out = tmp_path_factory.mktemp("reduced_demo") / "demo"
-    return DemoRun(out, run_demo_script(out, KNOBS), dict(KNOBS))
+    return DemoRun(out, run_demo_script(out, KNOBS, out.with_name("demo.log")), dict(KNOBS))

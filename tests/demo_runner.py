@@ -48,9 +48,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_demo_script(out: Path, knobs: dict[str, str]) -> str:
-    """Run ``recipes/demo.sh`` into ``out`` with ``knobs``; return its output."""
-    return run_recipe(DEMO_SCRIPT, {**knobs, "DEMO_OUT": str(out)}, log_path=out.with_name(f"{out.name}.log"))
+def run_demo_script(out: Path, knobs: dict[str, str], log_path: Path) -> str:
+    """Run ``recipes/demo.sh`` into ``out`` with ``knobs``, its output to ``log_path``; return that output."""
+    return run_recipe(DEMO_SCRIPT, {**knobs, "DEMO_OUT": str(out)}, log_path=log_path)
 
 
 class RecipeProcess:

@@ -95,9 +95,9 @@ def test_summary_samples_and_wandb(demo):
     assert f"step {demo.grpo_steps}/{demo.grpo_steps} | reward" in demo.log
 
 
-def test_rerun_with_the_same_knobs_skips_finished_phases_and_reports_again(demo):
+def test_rerun_with_the_same_knobs_skips_finished_phases_and_reports_again(demo, tmp_path):
     before = json.loads((demo.out / "summary.json").read_text())
-    log = run_demo_script(demo.out, demo.knobs)
+    log = run_demo_script(demo.out, demo.knobs, tmp_path / "rerun.log")
     for phase in ("preset", "data", "sft", "grpo"):
         assert f"==== [{phase}] finished by an earlier run with the same knobs, skipped" in log
     after = json.loads((demo.out / "summary.json").read_text())
