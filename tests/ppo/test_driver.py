@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,13 @@ def kill_after_checkpoint(overrides: list[str], checkpoint: Path, timeout: float
 @pytest.mark.timeout(1200)
 def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tiny_model, addition_data, tmp_path):
     straight_dir, killed_dir = tmp_path / "straight", tmp_path / "killed"
-    straight = run_main_ppo(resume_overrides(tiny_model, addition_data, straight_dir) + ["trainer.logger=[console,jsonl,wandb]"])
+    killed = resume_overrides(tiny_model, addition_data, killed_dir)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the uninterrupted run beside the killed one: a worker process each
+        straight_run = pool.submit(run_main_ppo, resume_overrides(tiny_model, addition_data, straight_dir)
+                                   + ["trainer.logger=[console,jsonl,wandb]"])
+        kill_after_checkpoint(killed, killed_dir / "global_step_2")
+        resumed = run_main_ppo(killed + ["trainer.resume_mode=auto"])
+        straight = straight_run.result()
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     # metrics files: every step in jsonl, and a wandb offline run directory
@@ -60,8 +67,6 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tiny_model, addit
     assert list((straight_dir / "wandb").glob("offline-run-*")), "wandb offline wrote no run directory"
     assert (straight_dir / "hf" / "model.safetensors").is_file()
 
-    kill_after_checkpoint(resume_overrides(tiny_model, addition_data, killed_dir), killed_dir / "global_step_2")
-    resumed = run_main_ppo(resume_overrides(tiny_model, addition_data, killed_dir) + ["trainer.resume_mode=auto"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr + resumed.stdout
     resumed_records = {r["step"]: r for r in read_jsonl(killed_dir / "metrics.jsonl")}
