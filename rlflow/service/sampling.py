@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate
 from typing import Any, Hashable, Optional
-
-import torch
 
 from rlflow.errors import UserError
 from rlflow.protocol import DataProto
@@ -112,7 +111,7 @@ def sample_outcomes(output: DataProto, requests: list[SamplingRequest], base: Ba
     counts = [request.num_samples for request in requests]
     if len(output) != sum(counts):
         raise RuntimeError(f"the rollout returned {len(output)} samples; the {len(requests)} requests asked for {sum(counts)}")
-    starts = torch.tensor([0, *counts]).cumsum(dim=0).tolist()
+    starts = accumulate(counts, initial=0)
     return [sample_outcome(output[start:start + count], request, base)
             for start, count, request in zip(starts, counts, requests)]
 
