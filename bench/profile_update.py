@@ -1,7 +1,8 @@
 """Profile one GRPO actor update (one rank's share) in this process with ``torch.profiler``.
 
-    python bench/profile_update.py [--model DIR] [--rows 128] [--prompt-len 20] [--response-len 64]
-        [--mean-response 64] [--micro-batch-size 4] [--set KEY=VALUE ...] [--trace out.json] [--by-shape]
+    python bench/profile_update.py [--model DIR | --preset 25m] [--device cpu|cuda] [--rows 128] [--prompt-len 20]
+        [--response-len 64] [--mean-response 64] [--micro-batch-size 4] [--set KEY=VALUE ...] [--timed N]
+        [--trace out.json] [--by-shape]
 
 The update is exactly what the PPO driver runs on one rank: ``Actor.forward_backward`` logic
 (on-policy, old log-probs from the update's forward, entropy on) through the configured engine,
@@ -10,11 +11,15 @@ are drawn around ``--mean-response`` (right padding up to ``--response-len``). O
 update runs first; the profiled one prints the top operators by self CPU time, the share of
 forward / backward / optimizer, and how many of the trained positions were padding.
 ``--set`` passes extra ``actor.engine.*``/``actor.*`` overrides (e.g. ``actor.engine.use_dynamic_bsz=true``).
+``--timed N`` then times N more updates without the profiler and prints their median and range (to
+compare settings, run it once per setting, taking turns). On ``--device cuda`` the profiler records
+the GPU's kernels too, sorted by their GPU time, and each timed update ends with a synchronize.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -69,9 +74,20 @@ def update(engine: Any, loss_fn: Any, data: DataProto) -> dict[str, float]:
     return metrics
 
 
+def timed_update(engine: Any, loss_fn: Any, data: DataProto, device: str) -> float:
+    """Seconds of one update, the device's queued work included."""
+    start = time.perf_counter()
+    update(engine, loss_fn, data)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=None, help="HF folder (default: build the 25m preset)")
+    parser.add_argument("--model", type=Path, default=None, help="HF folder (default: build --preset)")
+    parser.add_argument("--preset", default="25m", help="preset built when --model is not given")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--rows", type=int, default=128, help="sequences on this rank (256 / DP=2)")
     parser.add_argument("--prompt-len", type=int, default=20)
     parser.add_argument("--response-len", type=int, default=64)
@@ -80,14 +96,15 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="extra Hydra overrides of the ppo config")
     parser.add_argument("--trace", type=Path, default=None, help="write a Chrome trace here")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--timed", type=int, default=0, help="then time this many updates without the profiler")
     parser.add_argument("--by-shape", action="store_true", help="also print the top operators grouped by input shapes")
     args = parser.parse_args()
     print(machine_line())
     limit_cpu_threads(1)
-    model = args.model or build_preset(Path(tempfile.mkdtemp(prefix="prof")) / "m25", tokenizer_corpus(),
-                                       preset="25m", seed=0)
+    model = args.model or build_preset(Path(tempfile.mkdtemp(prefix="prof")) / args.preset, tokenizer_corpus(),
+                                       preset=args.preset, seed=0)
     config = compose_ppo_config([f"model.path={model}", "model.preset=null", "rollout=hf", "actor.engine=fsdp2",
-                                 "actor.engine.device=cpu", "trainer.device=cpu",
+                                 f"actor.engine.device={args.device}", f"trainer.device={args.device}",
                                  f"actor.ppo_mini_batch_size={args.rows}",
                                  f"actor.engine.micro_batch_size={args.micro_batch_size}", *args.set])
     engine = build_engine(config.actor.engine, str(model))
@@ -99,23 +116,32 @@ def main() -> None:
     print(f"batch: {args.rows} rows x {data.batch['input_ids'].shape[1]} positions, {real} real tokens "
           f"({1 - real / data.batch['attention_mask'].numel():.1%} padding), response tokens "
           f"{int(data.batch['response_mask'].sum())}; overrides {args.set}")
-    update(engine, loss_fn, data)  # warm-up
+    timed_update(engine, loss_fn, data, args.device)  # warm-up
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    sort_by = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
     start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=args.by_shape) as prof:
+    with profile(activities=activities, record_shapes=args.by_shape) as prof:
         metrics = update(engine, loss_fn, data)
     seconds = time.perf_counter() - start
-    print(f"profiled update: {seconds:.2f} s (with profiler), grad_norm {metrics.get('actor/grad_norm')}")
+    print(f"profiled update: {seconds:.2f} s (with profiler), grad_norm {metrics.get('grad_norm')}")
     if args.by_shape:
-        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=args.top))
+        print(prof.key_averages(group_by_input_shape=True).table(sort_by=sort_by, row_limit=args.top))
     averages = prof.key_averages()
     total = sum(event.self_cpu_time_total for event in averages)
-    phases = {e.key: e.cpu_time_total for e in averages if e.key.startswith("phase/")}
+    phases: dict[str, float] = {}  # on cuda a phase is listed twice: its CPU range and its (CPU-time-less) GPU range
+    for event in averages:
+        if event.key.startswith("phase/"):
+            phases[event.key] = max(phases.get(event.key, 0.0), event.cpu_time_total)
     for key, value in sorted(phases.items()):
         print(f"  {key:32s} {value / 1e6:7.2f} s  {value / total:6.1%}")
-    print(averages.table(sort_by="self_cpu_time_total", row_limit=args.top))
+    print(averages.table(sort_by=sort_by, row_limit=args.top))
     if args.trace:
         prof.export_chrome_trace(str(args.trace))
         print(f"chrome trace: {args.trace}")
+    if args.timed:
+        times = [timed_update(engine, loss_fn, data, args.device) for _ in range(args.timed)]
+        print(f"timed updates ({args.timed}, {' '.join(args.set) or 'no overrides'}): median "
+              f"{statistics.median(times):.3f} s, range {min(times):.3f}-{max(times):.3f} s")
 
 
 if __name__ == "__main__":

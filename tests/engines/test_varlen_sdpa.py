@@ -1,5 +1,6 @@
 """``attn_implementation=sdpa_varlen`` (``rlflow.engines.common.varlen_sdpa``) against the HF model's own sdpa on
-the padded batch: log-probs, values and gradients, packed and padded layouts, left and right padding, GQA."""
+the padded batch: log-probs, values and gradients, packed and padded layouts, left and right padding, GQA, on the
+CPU and (marked ``gpu``, ``make test-gpu``) on a CUDA GPU."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from rlflow.engines.config import HFModuleEngineConfig, config_from_mapping
 from rlflow.protocol import DataProto
 
 TOL = 1e-5  # fp32: the grid's attention sums in another order than the padded batch's
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @settings(max_examples=50, deadline=None)
@@ -52,23 +54,26 @@ def _engine_config(attn: str, remove_padding: bool) -> HFModuleEngineConfig:
                                                       "use_remove_padding": remove_padding, "logprob_chunk_size": 16})
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["causal_lm", "value"])
 @pytest.mark.parametrize("padding_side", ["left", "right"])
 @pytest.mark.parametrize("remove_padding", [True, False], ids=["packed", "padded"])
 def test_outputs_and_gradients_match_the_hf_model_on_the_padded_batch(
-    model_path: Path, kind: str, padding_side: str, remove_padding: bool
+    model_path: Path, kind: str, padding_side: str, remove_padding: bool, device: str
 ) -> None:
-    """Through the engines' own path (``load_forward_module`` + ``forward_micro_batch``), unwrapped."""
+    """Through the engines' own path (``load_forward_module`` + ``forward_micro_batch``), unwrapped; on the GPU
+    both kernels run there and the HF sdpa reference is the GPU's own (fp32 matmuls without TF32, PyTorch's default)."""
     batch = _batch(padding_side)
     runs = {}
     for attn, layout in ((SDPA_VARLEN, remove_padding), ("sdpa", False)):
         config = _engine_config(attn, layout)
-        module = load_forward_module(get_model_kind(kind), model_path, config, rank=0).train()
-        outputs = forward_micro_batch(module, batch, config, attn, torch.device("cpu"), hidden_size=10**6)
+        module = load_forward_module(get_model_kind(kind), model_path, config, rank=0).to(device).train()
+        outputs = forward_micro_batch(module, batch, config, attn, torch.device(device), hidden_size=10**6)
         key = "log_probs" if kind == "causal_lm" else "values"
-        values = outputs[key] * batch.batch["loss_mask"]
+        values = outputs[key].cpu() * batch.batch["loss_mask"]
         (values * torch.linspace(-1, 1, values.shape[-1])).sum().backward()
-        grads = {name: param.grad.clone() for name, param in module.named_parameters() if param.grad is not None}
+        grads = {name: param.grad.to("cpu", copy=True)
+                 for name, param in module.named_parameters() if param.grad is not None}
         runs[attn] = (values.detach(), grads)
     (ours, our_grads), (reference, reference_grads) = runs[SDPA_VARLEN], runs["sdpa"]
     assert reference.abs().sum() > 0
