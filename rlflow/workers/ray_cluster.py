@@ -11,10 +11,12 @@ users' included.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import ray
 
+from rlflow.utils.cpu_heap import ENV_RETAIN_HEAP
 from rlflow.utils.logging import get_logger
 from rlflow.workers.cluster_reaper import ClusterReaper
 from rlflow.workers.ray_security import LOOPBACK, ClusterAuth, node_ip_scope
@@ -26,6 +28,7 @@ logger = get_logger(__name__)
 _SOCKET_SUFFIX_CHARS = 64
 _MAX_SOCKET_PATH = 107
 _WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+_PASSED_ENV = (ENV_RETAIN_HEAP,)  # the driver's setting reaches workers on other nodes too
 _AUTH = ClusterAuth()
 _reaper: Optional[ClusterReaper] = None  # the watcher started with the local cluster of this process
 
@@ -50,7 +53,8 @@ def init_ray(
     if ray.is_initialized():
         return
     runtime_env = dict(ray_init_kwargs.pop("runtime_env", None) or {})
-    runtime_env["env_vars"] = {**_WORKER_ENV, **runtime_env.get("env_vars", {})}
+    passed = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
+    runtime_env["env_vars"] = {**_WORKER_ENV, **passed, **runtime_env.get("env_vars", {})}
     if address is None:
         if temp_dir is not None and len(temp_dir) + _SOCKET_SUFFIX_CHARS > _MAX_SOCKET_PATH:
             raise ValueError(

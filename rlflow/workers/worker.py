@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from rlflow.utils.cpu_heap import retain_freed_memory
 from rlflow.utils.device import dist_backend_for, limit_cpu_threads, resolve_device_type, set_device
 from rlflow.workers.mesh import MeshInfo
 
@@ -70,9 +71,12 @@ class WorkerContext:
 def setup_worker_process(ctx: WorkerContext) -> torch.device:
     """Threads, device and the default torch.distributed group for this process (idempotent).
 
-    The backend comes from the device type: gloo on CPU, nccl on GPU.
+    The backend comes from the device type: gloo on CPU, nccl on GPU. On CPU the process also keeps
+    freed memory in its heap (``rlflow.utils.cpu_heap``: large tensors stop faulting their pages in anew).
     """
     limit_cpu_threads(ctx.num_threads)
+    if ctx.device_type == "cpu":
+        retain_freed_memory()
     device = set_device(ctx.device_type, ctx.local_rank)
     if not dist.is_initialized():
         dist.init_process_group(
