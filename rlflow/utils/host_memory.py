@@ -9,6 +9,10 @@ first touch makes it fault 2 MiB pages, and the same copy took 24 ms.
 The batch copies on the dispatch path use these buffers: a worker's copy of its arguments out of
 Ray's object store, and the driver's merge of the collected parts (``DataProto.concat``).
 
+In a CPU worker, which keeps freed memory in its heap (``rlflow.utils.cpu_heap``), such a buffer
+comes from the heap instead: memory the process has touched before faults nothing, and fresh heap
+memory takes the advice the same way.
+
 The advice is best effort. Off Linux, on a kernel without THP, or where ``madvise`` fails, the
 buffer is an ordinary ``torch.empty``. Either way it is a normal, resizable tensor from torch's
 allocator.
