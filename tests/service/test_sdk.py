@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import statistics
 import subprocess
 import time
 
@@ -35,6 +34,8 @@ RANK = 8
 # The RL test scores the mean reward of 4 samples on each of the demo's 256 val prompts. Greedy accuracy
 # was too noisy to test: healthy runs gained 0 to +0.08 on 64 prompts, and +0.000 in 2 of 6 runs from a
 # fused-AdamW warm start on all 256, while the sampled reward rose by +0.09 to +0.13 (2026-11-27).
+# The train rewards are printed, not tested: each step's 128 samples come from 16 other prompts, so the
+# last 3 steps against the first 3 differ by noise of about the gain (CI: val +0.046, train -0.003).
 RL_VAL_PROMPTS, RL_VAL_SAMPLES = 256, 4
 RL_STEPS, RL_PROMPTS, RL_GROUP, RL_MAX_TOKENS, RL_LR = 12, 16, 8, 32, 2e-3
 
@@ -199,7 +200,6 @@ def test_rl_loop_raises_the_val_reward_on_the_demo_task(services, demo, engine):
                             RL_MAX_TOKENS)
     print(f"{engine}: val reward {before:.3f} -> {after:.3f}; train reward by step {rewards}")
     assert after >= before + 0.03, f"val reward {before:.3f} -> {after:.3f}"
-    assert statistics.mean(rewards[-3:]) > statistics.mean(rewards[:3])
 
 
 def test_tinker_cookbook_arithmetic_rl_recipe_runs_from_its_own_venv(services, demo, tmp_path):
