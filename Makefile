@@ -16,6 +16,9 @@ PIP := $(PY) -m pip
 DEVICE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 STAMP := $(VENV)/.installed-$(DEVICE)
 PYTEST_ARGS ?=
+# pytest-xdist processes for `make test` and `make test-full` (tests/conftest.py groups the tests; 0: one process).
+# Two fill a 2-core machine, where many tests keep one core busy; more would rebuild per-process fixtures.
+TEST_WORKERS ?= 2
 DEMO_STEPS ?= 30
 DEMO_SEED ?= 0
 
@@ -56,10 +59,10 @@ demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" DEMO_STEPS=$(DEMO_STEPS) DEMO_SEED=$(DEMO_SEED) bash recipes/demo.sh
 
 test: install
-	$(PY) -m pytest -m "not full and not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not full and not gpu" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-full: install
-	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-gpu: install
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)

@@ -32,7 +32,7 @@ EXTRAS = {
     "torchtitan": ["torchtitan>=0.3,<0.4", "torch>=2.13", "triton>=3.3"],
     # The Tinker-compatible service (docs/service.md): the SDK's protobuf schema is read from the pinned SDK itself.
     "service": ["fastapi>=0.110", "uvicorn>=0.29", "tinker==0.38.0"],
-    "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100"],
 }
 EXTRAS["all-cpu"] = sorted({d for k in ("vllm-cpu", "megatron", "torchtitan", "service", "test") for d in EXTRAS[k]})
 EXTRAS["all"] = sorted({d for k in ("vllm", "megatron", "torchtitan", "service", "test") for d in EXTRAS[k]})

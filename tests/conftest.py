@@ -1,6 +1,7 @@
 """Test-wide settings: one torch thread per process (CI and dev boxes have 2 loaded cores)."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
@@ -27,3 +28,45 @@ from demo_runner import KNOBS, DemoRun, run_demo_script  # noqa: E402
 def demo(tmp_path_factory) -> DemoRun:
     out = tmp_path_factory.mktemp("reduced_demo") / "demo"
     return DemoRun(out, run_demo_script(out, KNOBS, out.with_name("demo.log")), dict(KNOBS))
+
+
+
+# ---------------------------------------------------------------------------------------------------------
+# `make test` runs the suite in two pytest-xdist processes (README.md): on a 2-core machine many tests
+# keep only one core busy. Each test belongs to a group that runs whole in one process, so a fixture that
+# costs minutes is built once: the files that need the reduced demo form the "demo" group, and every other
+# test runs with its top-level folder (the folder's conftest fixtures). The demo group goes first: it is about
+# 40% of the suite, and the other process shares out the rest meanwhile. The groups come from the node ids
+# alone, because xdist's scheduler sees nothing else (and xdist's own `xdist_group` marks do not reach it
+# under pytest 9.2); a test that asks for `demo` outside DEMO_PATHS stops the collection with the fix.
+DEMO_GROUP = "demo"
+DEMO_PATHS = ("tests/demo/", "tests/service/test_sdk.py", "tests/trainer/test_sft_main.py")
+
+
+def xdist_group_of(nodeid: str) -> str:
+    """A test's group: the demo's, or its top-level folder under tests/ (a file at the top: its own)."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith(DEMO_PATHS):
+        return DEMO_GROUP
+    parts = path.split("/")
+    return parts[1] if len(parts) > 2 else path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    strays = sorted({item.nodeid.split("::", 1)[0] for item in items
+                     if "demo" in getattr(item, "fixturenames", ()) and xdist_group_of(item.nodeid) != DEMO_GROUP})
+    if strays:
+        raise pytest.UsageError(f"{', '.join(strays)} use the demo fixture: add them to DEMO_PATHS in tests/conftest.py")
+    items.sort(key=lambda item: xdist_group_of(item.nodeid) != DEMO_GROUP)  # stable: the demo group first
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's scope scheduler with the groups above as scopes, in collection order (the demo first)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group_of(nodeid)
+
+    config.option.loadscopereorder = False  # xdist would order scopes by test count: the demo group last
+    return GroupScheduling(config, log)
