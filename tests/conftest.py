@@ -14,6 +14,12 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+from hypothesis import settings  # noqa: E402
+
+# No per-example deadline: with two test processes on two loaded cores an example's wall time says nothing.
+settings.register_profile("rlflow", deadline=None)
+settings.load_profile("rlflow")
+
 
 # ---------------------------------------------------------------------------------------------------------
 # One reduced run of ``recipes/demo.sh`` per test session, shared by every test that needs its artefacts
@@ -28,7 +34,6 @@ from demo_runner import KNOBS, DemoRun, run_demo_script  # noqa: E402
 def demo(tmp_path_factory) -> DemoRun:
     out = tmp_path_factory.mktemp("reduced_demo") / "demo"
     return DemoRun(out, run_demo_script(out, KNOBS, out.with_name("demo.log")), dict(KNOBS))
-
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -52,7 +57,7 @@ def xdist_group_of(nodeid: str) -> str:
     return parts[1] if len(parts) > 2 else path
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     strays = sorted({item.nodeid.split("::", 1)[0] for item in items
                      if "demo" in getattr(item, "fixturenames", ()) and xdist_group_of(item.nodeid) != DEMO_GROUP})
     if strays:
@@ -60,6 +65,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: xdist_group_of(item.nodeid) != DEMO_GROUP)  # stable: the demo group first
 
 
+@pytest.hookimpl(optionalhook=True)  # a plain `pytest` where xdist is not installed skips it
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """xdist's scope scheduler with the groups above as scopes, in collection order (the demo first)."""
     from xdist.scheduler import LoadScopeScheduling
