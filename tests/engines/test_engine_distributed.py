@@ -25,7 +25,7 @@ from rlflow.engines.common.module_engine import ModuleEngine
 
 TOKEN_TOL = 1e-5
 # The session fixtures each run one multi-configuration launch (about a minute of CPU); on a
-# heavily shared machine that can pass pytest.ini's 300 s, so allow more. A hang still fails.
+# heavily shared machine that can pass pytest.ini's 600 s, so allow more. A hang still fails.
 pytestmark = pytest.mark.timeout(900)
 
 
