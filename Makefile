@@ -17,7 +17,7 @@ DEVICE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 STAMP := $(VENV)/.installed-$(DEVICE)
 PYTEST_ARGS ?=
 # pytest-xdist processes for `make test` and `make test-full` (tests/conftest.py groups the tests; 0: one process).
-# Two fill a 2-core machine, where many tests keep one core busy; more would rebuild per-process fixtures.
+# Two fill a 2-core machine, where many tests keep only one core busy; a machine with more cores can take more.
 TEST_WORKERS ?= 2
 DEMO_STEPS ?= 30
 DEMO_SEED ?= 0

@@ -1,7 +1,6 @@
 """Test-wide settings: one torch thread per process (CI and dev boxes have 2 loaded cores)."""
 
 import os
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
