@@ -102,7 +102,7 @@ class VLLMRollout(BaseRollout):
             kwargs.update(self._adapter.engine_kwargs())
         if self._on_cpu:
             vllm_cpu_compat.check_kv_cache_size(config.kv_cache_space_gb)
-            kwargs.update(vllm_cpu_compat.ENGINE_KWARGS)
+            kwargs.update(vllm_cpu_compat.engine_kwargs(str(config.dtype), bool(config.enable_prefix_caching)))
         if config.kv_cache_space_gb is not None:
             kwargs["kv_cache_memory_bytes"] = int(float(config.kv_cache_space_gb) * GiB)
         else:

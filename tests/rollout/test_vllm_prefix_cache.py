@@ -1,7 +1,9 @@
 """vLLM-only behaviour: the prefix cache after a weight sync, and what the engine leaves in its host process.
 
 The prefix-cache test is the teeth of the sync check: the same comparison that passes after a
-normal ``update_weights`` fails when the reset is skipped.
+normal ``update_weights`` fails when the reset is skipped. With a 24-token prompt it also shows that
+on CPU a prompt shorter than vLLM's default 128-token block is served from the prefix cache
+(``vllm_cpu_compat``'s 16-token blocks): were it recomputed, the skipped reset would change nothing.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ def vllm_rollout(tiny_path):
     engine.shutdown()
 
 
-def test_sync_without_prefix_cache_reset_serves_stale_log_probs(vllm_rollout, tokenizer, hf_model, monkeypatch):
-    long_prompt = make_prompts(tokenizer, token_lists=[[(7 * i) % 300 + 3 for i in range(280)]])  # > 2 KV blocks
+@pytest.mark.parametrize("prompt_tokens", [280, 24], ids=["long-prompt", "prompt-under-32-tokens"])
+def test_sync_without_prefix_cache_reset_serves_stale_log_probs(vllm_rollout, tokenizer, hf_model, monkeypatch,
+                                                                 prompt_tokens):
+    long_prompt = make_prompts(tokenizer, token_lists=[[(7 * i) % 300 + 3 for i in range(prompt_tokens)]])
     original = {k: v.clone() for k, v in hf_model.state_dict().items()}
     first, second = perturbed_state(hf_model, seed=4), perturbed_state(hf_model, seed=5)
     try:
