@@ -14,6 +14,7 @@ forward / backward / optimizer, and how many of the trained positions were paddi
 ``--timed N`` then times N more updates without the profiler and prints their median and range (to
 compare settings, run it once per setting, taking turns). On ``--device cuda`` the profiler records
 the GPU's kernels too, sorted by their GPU time, and each timed update ends with a synchronize.
+On a CPU the process keeps freed memory in its heap, as rlflow's CPU workers do (``rlflow.utils.cpu_heap``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch
 from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, make_policy_loss_fn
 from rlflow.trainer.config_loading import compose_ppo_config
+from rlflow.utils.cpu_heap import retain_freed_memory
 from rlflow.utils.device import limit_cpu_threads
 
 from machine import machine_line
@@ -101,6 +103,8 @@ def main() -> None:
     args = parser.parse_args()
     print(machine_line())
     limit_cpu_threads(1)
+    if args.device == "cpu":
+        retain_freed_memory()
     model = args.model or build_preset(Path(tempfile.mkdtemp(prefix="prof")) / args.preset, tokenizer_corpus(),
                                        preset=args.preset, seed=0)
     config = compose_ppo_config([f"model.path={model}", "model.preset=null", "rollout=hf", "actor.engine=fsdp2",
