@@ -25,25 +25,25 @@ def vllm_rollout(tiny_path):
     engine.shutdown()
 
 
-@pytest.mark.parametrize("prompt_tokens", [280, 24], ids=["long-prompt", "prompt-under-32-tokens"])
+@pytest.mark.parametrize("prompt_tokens", [280, 24], ids=["long-prompt", "short-prompt"])
 def test_sync_without_prefix_cache_reset_serves_stale_log_probs(vllm_rollout, tokenizer, hf_model, monkeypatch,
                                                                  prompt_tokens):
-    long_prompt = make_prompts(tokenizer, token_lists=[[(7 * i) % 300 + 3 for i in range(prompt_tokens)]])
+    prompt = make_prompts(tokenizer, token_lists=[[(7 * i) % 300 + 3 for i in range(prompt_tokens)]])
     original = {k: v.clone() for k, v in hf_model.state_dict().items()}
     first, second = perturbed_state(hf_model, seed=4), perturbed_state(hf_model, seed=5)
     try:
-        vllm_rollout.generate(long_prompt, GREEDY)  # fills the prefix cache with the original weights' KV
+        vllm_rollout.generate(prompt, GREEDY)  # fills the prefix cache with the original weights' KV
         vllm_rollout.update_weights(first.items())
         hf_model.load_state_dict(first)
-        assert max_log_prob_error(hf_model, vllm_rollout.generate(long_prompt, GREEDY)) <= 1e-4
+        assert max_log_prob_error(hf_model, vllm_rollout.generate(prompt, GREEDY)) <= 1e-4
 
         monkeypatch.setattr(vllm_rollout._llm, "reset_prefix_cache", lambda *args, **kwargs: True)
         vllm_rollout.update_weights(second.items())
         hf_model.load_state_dict(second)
-        assert max_log_prob_error(hf_model, vllm_rollout.generate(long_prompt, GREEDY)) > 1e-2  # stale prompt KV
+        assert max_log_prob_error(hf_model, vllm_rollout.generate(prompt, GREEDY)) > 1e-2  # stale prompt KV
         monkeypatch.undo()
         vllm_rollout._llm.reset_prefix_cache()
-        assert max_log_prob_error(hf_model, vllm_rollout.generate(long_prompt, GREEDY)) <= 1e-4
+        assert max_log_prob_error(hf_model, vllm_rollout.generate(prompt, GREEDY)) <= 1e-4
     finally:
         vllm_rollout.update_weights(original.items())
 
