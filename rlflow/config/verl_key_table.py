@@ -62,6 +62,7 @@ FSDP_ROWS: list[tuple[Optional[str], Optional[str], str]] = [
 RLFLOW_ONLY_ENGINE_KEYS: list[tuple[str, str]] = [
     ("attn_implementation", "sdpa | sdpa_varlen | eager | flash_attention_2 | flex_attention"),
     ("logprob_chunk_size", "tokens per chunk of the log-prob computation"),
+    ("share_prefix", "compute a prefix rows share (a GRPO group's prompt) once; needs sdpa_varlen"),
     ("trust_remote_code", "defaults to model.trust_remote_code"),
     ("lora.rank", "LoRA adapter rank; 0: full fine-tuning (docs/lora.md)"),
     ("lora.alpha", "adapter scale alpha / rank"),

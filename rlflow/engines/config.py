@@ -144,6 +144,10 @@ class EngineConfig:
             "lora.parts": bool(self.lora.parts),
         }
 
+    def combination_errors(self) -> list[str]:
+        """One message per combination of options this config cannot run; a subclass adds its own."""
+        return []
+
 
 @dataclass
 class HFModuleEngineConfig(EngineConfig):
@@ -152,9 +156,18 @@ class HFModuleEngineConfig(EngineConfig):
     attn_implementation: str = "sdpa"  # sdpa | sdpa_varlen | eager | flash_attention_2 | flex_attention
     logprob_chunk_size: int = 1024  # tokens per chunk when turning hidden states into log-probs
     wrap_layer_classes: list[str] = field(default_factory=list)  # decoder-layer classes; empty: _no_split_modules
+    share_prefix: bool = False  # run a prefix several rows share (a GRPO group's prompt) once (prefix_sharing.py)
 
     def range_checks(self) -> dict[str, bool]:
         return {**super().range_checks(), "logprob_chunk_size": self.logprob_chunk_size >= 1}
+
+    def combination_errors(self) -> list[str]:
+        errors = super().combination_errors()
+        if self.share_prefix and (self.attn_implementation != "sdpa_varlen" or not self.use_remove_padding):
+            errors.append("share_prefix=true needs attn_implementation=sdpa_varlen and use_remove_padding=true (only "
+                          f"that kernel attends across a shared prefix), got attn_implementation={self.attn_implementation}, "
+                          f"use_remove_padding={self.use_remove_padding}")
+        return errors
 
 
 ConfigT = TypeVar("ConfigT", bound=EngineConfig)
@@ -180,6 +193,9 @@ def _check_ranges(config: EngineConfig) -> None:
     if bad:
         detail = ", ".join(f"{key}={_lookup(config, key)!r}" for key in bad)
         raise EngineConfigError(f"engine config values out of range: {detail}")
+    conflicts = config.combination_errors()
+    if conflicts:
+        raise EngineConfigError(f"engine config: {'; '.join(conflicts)}")
 
 
 def _lookup(config: Any, dotted: str) -> Any:

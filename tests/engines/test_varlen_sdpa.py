@@ -30,7 +30,7 @@ def test_every_real_slot_reads_its_own_grid_cell(lengths: list[int], gap: int) -
     for length in lengths:
         starts.append(slot)
         slot += length + gap  # slots between sequences belong to none (filler, padding)
-    sequence_slots, token_slots = sequence_grid(starts, lengths, slot)
+    sequence_slots, token_slots = sequence_grid([torch.arange(s, s + n) for s, n in zip(starts, lengths)], slot)
     flat = sequence_slots.reshape(-1)
     for start, length in zip(starts, lengths):
         for offset in range(length):

@@ -26,6 +26,7 @@ from rlflow.engines.common.lora import add_lora_adapters
 from rlflow.engines.common.models import FORWARD_PREFIX, ForwardModule, ModelKind
 from rlflow.engines.common.optimizers import clean_param_name
 from rlflow.engines.common.packing import make_token_stream
+from rlflow.engines.common.prefix_sharing import shared_prefix_stream
 from rlflow.engines.config import EngineConfig, HFModuleEngineConfig
 from rlflow.protocol import DataProto
 from rlflow.utils.seed import set_seed
@@ -52,22 +53,22 @@ def forward_micro_batch(
     attn_implementation: str,
     device: torch.device,
     hidden_size: Optional[int] = None,
+    share_prefix: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per-token outputs of one micro-batch (``[b, T]``, differentiable, on ``device``) from the wrapped
     forward module. ``micro`` is on the host: the stream is laid out there and then moved, so the layout's
     data-dependent shapes never synchronise the device. ``attn_implementation`` and ``hidden_size``
-    (the ``ForwardModule``'s) choose the packed layout."""
-    stream = make_token_stream(
-        micro.batch["input_ids"],
-        micro.batch["attention_mask"],
-        micro.batch.get("position_ids"),
-        remove_padding=config.use_remove_padding,
-        attn_implementation=attn_implementation,
-        hidden_size=hidden_size,
-    ).to(device)
+    (the ``ForwardModule``'s) choose the packed layout; with ``share_prefix`` (``HFModuleEngineConfig``) and a
+    ``loss_mask`` the rows' shared prefixes are laid out once (``prefix_sharing``)."""
+    ids, mask, positions = micro.batch["input_ids"], micro.batch["attention_mask"], micro.batch.get("position_ids")
+    if share_prefix and "loss_mask" in micro.batch:
+        stream = shared_prefix_stream(ids, mask, positions, micro.batch["loss_mask"])
+    else:
+        stream = make_token_stream(ids, mask, positions, remove_padding=config.use_remove_padding,
+                                   attn_implementation=attn_implementation, hidden_size=hidden_size)
     temperature = float(micro.meta_info.get("temperature", 1.0))
     compute_entropy = bool(micro.meta_info.get("compute_entropy", False))
-    return module(stream, temperature, compute_entropy)
+    return module(stream.to(device), temperature, compute_entropy)
 
 
 def hf_named_tensors(

@@ -30,8 +30,9 @@ rows are as long as the longest sequence.
 
 Model outputs come back as a flat tensor over the stream slots (``[rows * width]``)
 and ``to_rows`` puts them into ``[b, T]`` (zeros at padding). ``source_index`` lists
-the slots whose next slot is the next token of the same sequence: the logits there
-predict the token at ``target_index = source_index + 1``.
+the slots whose logits predict a next token of the same sequence, ``target_index`` the
+slot of that token: here always the next slot (``prefix_sharing`` lays out streams where
+a shared prefix's last slot predicts the first token of each sequence that shares it).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ __all__ = [
     "default_position_ids",
     "document_causal_mask",
     "first_fit_rows",
+    "grid_fields",
     "make_token_stream",
     "row_width",
 ]
@@ -83,6 +85,7 @@ class TokenStream:
     slot_index: torch.Tensor  # flat stream slot of each real token
     batch_index: torch.Tensor  # flat [b*T] position of the same token
     source_index: torch.Tensor  # slots that predict the next token of the same sequence
+    target_index: torch.Tensor  # the slot of the token each source_index slot predicts
     rows_shape: tuple[int, int]  # (b, T) of the micro-batch
     sequence_slots: Optional[torch.Tensor] = None  # sdpa_varlen's attention grid (varlen_sdpa.sequence_grid)
     token_slots: Optional[torch.Tensor] = None
@@ -92,10 +95,6 @@ class TokenStream:
         if self.sequence_slots is None:
             return {}
         return {"sequence_slots": self.sequence_slots, "token_slots": self.token_slots}
-
-    @property
-    def target_index(self) -> torch.Tensor:
-        return self.source_index + 1
 
     @property
     def labels(self) -> torch.Tensor:
@@ -202,13 +201,15 @@ def make_token_stream(
         batch_index = mask.reshape(-1).nonzero().squeeze(-1)
         row_starts = [row * width + int(cols[0]) for row, cols in enumerate(real_cols) if len(cols)]
         row_lengths = [len(cols) for cols in real_cols if len(cols)]
+        source_index = _source_index(batch_rows * width, batch_index, torch.tensor(row_starts, dtype=torch.long, device=device))
         return TokenStream(
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=attention_mask,
             slot_index=batch_index,
             batch_index=batch_index,
-            source_index=_source_index(batch_rows * width, batch_index, torch.tensor(row_starts, dtype=torch.long, device=device)),
+            source_index=source_index,
+            target_index=source_index + 1,
             rows_shape=(batch_rows, width),
             **_grid(attn_implementation, row_starts, row_lengths, batch_rows * width, device, row_cols=real_cols),
         )
@@ -233,13 +234,15 @@ def make_token_stream(
     stream_ids[slot_index] = input_ids.reshape(-1)[batch_index]
     stream_positions[slot_index] = position_ids.reshape(-1)[batch_index]
     stream_positions[torch.cat(filler_slots)] = torch.cat(filler_positions).to(position_ids.dtype)
+    source_index = _source_index(num_slots, slot_index, torch.tensor(starts, dtype=torch.long, device=device))
     return TokenStream(
         input_ids=stream_ids.reshape(-1, capacity),
         position_ids=stream_positions.reshape(-1, capacity),
         attention_mask=None,
         slot_index=slot_index,
         batch_index=batch_index,
-        source_index=_source_index(num_slots, slot_index, torch.tensor(starts, dtype=torch.long, device=device)),
+        source_index=source_index,
+        target_index=source_index + 1,
         rows_shape=(batch_rows, width),
         **_grid(attn_implementation, starts, [lengths[seq] for members in packed_rows for seq in members], num_slots, device),
     )
@@ -254,5 +257,10 @@ def _grid(attn_implementation: str, starts: list[int], lengths: list[int], num_s
     if row_cols is not None and any(len(cols) and int(cols[-1] - cols[0]) + 1 != len(cols) for cols in row_cols):
         raise ValueError(f"attn_implementation={SDPA_VARLEN} needs each row's real tokens side by side (an attention "
                          "mask without holes); use sdpa for this batch")
-    sequence_slots, token_slots = sequence_grid(starts, lengths, num_slots)
+    return grid_fields([torch.arange(start, start + length) for start, length in zip(starts, lengths)], num_slots, device)
+
+
+def grid_fields(sequences: list[torch.Tensor], num_slots: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """sdpa_varlen's grid over ``sequences`` (each its stream slots in order) as ``TokenStream`` fields on ``device``."""
+    sequence_slots, token_slots = sequence_grid(sequences, num_slots)
     return {"sequence_slots": sequence_slots.to(device), "token_slots": token_slots.to(device)}

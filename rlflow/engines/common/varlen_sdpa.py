@@ -41,21 +41,21 @@ SDPA_VARLEN = "sdpa_varlen"
 _UNSUPPORTED = ("sliding_window", "softcap", "s_aux")
 
 
-def sequence_grid(starts: list[int], lengths: list[int], num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The index maps of the attention grid for sequences at stream slots ``starts`` (each ``lengths`` long)
-    in a stream of ``num_slots`` slots: ``sequence_slots`` ``[sequences, longest]``, the slot read into
-    each grid cell (past a sequence's end: its last token), and ``token_slots`` ``[num_slots]``, the grid
-    cell (flat) each slot's output is read from (slots outside every sequence: cell 0)."""
-    longest = max(lengths)
-    start = torch.tensor(starts, dtype=torch.long)
-    length = torch.tensor(lengths, dtype=torch.long)
-    column = torch.arange(longest)
-    sequence_slots = start[:, None] + torch.minimum(column[None, :], length[:, None] - 1)
-    token_slots = torch.zeros(num_slots, dtype=torch.long)
-    real = column[None, :] < length[:, None]
-    cells = torch.arange(len(lengths) * longest).reshape(len(lengths), longest)
-    token_slots[sequence_slots[real]] = cells[real]
-    return sequence_slots, token_slots
+def sequence_grid(sequences: list[torch.Tensor], num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The index maps of the attention grid for ``sequences`` (each a 1-D tensor of its stream slots, in order)
+    in a stream of ``num_slots`` slots: ``sequence_slots`` ``[sequences, longest]``, the slot read into each
+    grid cell (past a sequence's end: its last token), and ``token_slots`` ``[num_slots]``, the grid cell
+    (flat) each slot's output is read from (slots outside every sequence: cell 0). A slot in several
+    sequences (a prefix they share, ``prefix_sharing``) reads its output from the first of them."""
+    lengths = torch.tensor([len(slots) for slots in sequences], dtype=torch.long)
+    longest = int(lengths.max())
+    sequence_slots = torch.stack([torch.cat([slots, slots[-1:].expand(longest - len(slots))]) for slots in sequences])
+    real = torch.arange(longest)[None, :] < lengths[:, None]
+    cells = torch.arange(len(sequences) * longest).reshape(len(sequences), longest)
+    unread = len(sequences) * longest
+    token_slots = torch.full((num_slots,), unread, dtype=torch.long)
+    token_slots = token_slots.scatter_reduce(0, sequence_slots[real], cells[real], reduce="amin")
+    return sequence_slots, token_slots.masked_fill(token_slots == unread, 0)
 
 
 def sdpa_varlen_attention(
