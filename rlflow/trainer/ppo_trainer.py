@@ -72,6 +72,9 @@ class PPOTrainer:
         self.use_critic = _needs(algo.adv_estimator, "values")
         self.use_ref = bool(algo.use_kl_in_reward or config.actor.use_kl_loss)
         self.needs_greedy_baseline = _needs(algo.adv_estimator, "reward_baselines")
+        # keep a uid group's rows on one DP rank where that lowers the slowest rank's work (batch_balance.py)
+        self.share_prefix = any(OmegaConf.select(config, f"{role}.engine.share_prefix", default=False)
+                                for role in ("actor", "critic", "ref"))
         self.model_path = ensure_model(config.model, tokenizer_corpus())
         check_role_model_folders(config, self.use_critic)
         check_role_engines(config, self.model_path, self.use_ref, self.use_critic, self.world_size)
@@ -181,7 +184,7 @@ class PPOTrainer:
                 batch = roles.rollout.generate_sequences(prompts)
             metrics.update(batch.meta_info.pop("metrics", {}))
             batch.meta_info = {"temperature": cfg.rollout.temperature, "global_step": step}
-            batch = balance_batch(batch, self.world_size)
+            batch = balance_batch(batch, self.world_size, self.share_prefix)
             with timed("reward", timings):
                 batch.batch["token_level_scores"] = self._score(batch, metrics)
             update_actor = step > cfg.critic.warmup_steps or not self.use_critic
