@@ -5,8 +5,9 @@
   (``trainer.n_procs_per_node`` = cores, or GPUs on ``cuda``; one torch thread per process;
   FSDP2 actor colocated with an in-process rollout, vLLM or HF ``generate``; GRPO; the on-policy
   old-log-prob reuse default; ``tuned_overrides``: on a CPU the actor's decoder layers compiled
-  (``actor.engine.compile``, docs/engines.md) and its attention ``sdpa_varlen`` (no filler in the
-  linear layers; it gained nothing on a GPU), and with vLLM its compiled graphs
+  (``actor.engine.compile``, docs/engines.md), its attention ``sdpa_varlen`` (no filler in the
+  linear layers; it gained nothing on a GPU) and ``share_prefix`` (each GRPO group's prompt computed
+  once in the update; it needs sdpa_varlen), and with vLLM its compiled graphs
   (``rollout.enforce_eager=false``): both compile during the first steps, then run faster).
   Step and phases come from the run's ``metrics.jsonl`` (``timing_s/*``).
 * TRL: ``bench/trl_grpo_runner.py`` in the TRL venv; its JSON lines on stdout.
@@ -36,8 +37,9 @@ def tuned_overrides(device: str, rollout: str) -> list[str]:
     """rlflow's documented speed settings for ``device`` and ``rollout``. Compiled layers pay on a CPU
     from the second update on (the first compiles); on a GPU, where a step takes a few hundred ms, a
     run of a few steps would be mostly compiling, so they stay off there. ``sdpa_varlen`` made the update
-    3.5% faster on a CPU and gained nothing on an H200 (docs/benchmarks.md)."""
-    cpu = ["actor.engine.compile=true", "actor.engine.attn_implementation=sdpa_varlen"] if device == "cpu" else []
+    3.5% faster on a CPU and gained nothing on an H200 (docs/benchmarks.md); ``share_prefix`` needs it."""
+    cpu = ["actor.engine.compile=true", "actor.engine.attn_implementation=sdpa_varlen",
+           "actor.engine.share_prefix=true"] if device == "cpu" else []
     return cpu + (["rollout.enforce_eager=false"] if rollout == "vllm" else [])
 
 

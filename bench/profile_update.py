@@ -1,13 +1,14 @@
 """Profile one GRPO actor update (one rank's share) in this process with ``torch.profiler``.
 
     python bench/profile_update.py [--model DIR | --preset 25m] [--device cpu|cuda] [--rows 128] [--prompt-len 20]
-        [--response-len 64] [--mean-response 64] [--micro-batch-size 4] [--set KEY=VALUE ...] [--timed N]
+        [--response-len 64] [--mean-response 64] [--micro-batch-size 4] [--samples 1] [--set KEY=VALUE ...] [--timed N]
         [--trace out.json] [--by-shape]
 
 The update is exactly what the PPO driver runs on one rank: ``Actor.forward_backward`` logic
 (on-policy, old log-probs from the update's forward, entropy on) through the configured engine,
-then ``optim_step``. The batch is rollout-shaped: left-padded prompts, responses whose lengths
-are drawn around ``--mean-response`` (right padding up to ``--response-len``). One warm-up
+then ``optim_step``. The batch is rollout-shaped: left-padded prompts (each shared by ``--samples``
+consecutive rows, GRPO's ``n``), responses whose lengths are drawn around ``--mean-response``
+(right padding up to ``--response-len``). One warm-up
 update runs first; the profiled one prints the top operators by self CPU time, the share of
 forward / backward / optimizer, and how many of the trained positions were padding.
 ``--set`` passes extra ``actor.engine.*``/``actor.*`` overrides (e.g. ``actor.engine.use_dynamic_bsz=true``).
@@ -43,14 +44,18 @@ from rlflow.utils.device import limit_cpu_threads
 from machine import machine_line
 
 
-def rollout_batch(rows: int, prompt_len: int, response_len: int, mean_response: int, vocab: int) -> DataProto:
-    """Left-padded prompts (lengths prompt_len/2..prompt_len) and right-padded responses around ``mean_response``."""
+def rollout_batch(rows: int, prompt_len: int, response_len: int, mean_response: int, vocab: int,
+                  samples: int = 1) -> DataProto:
+    """Left-padded prompts (lengths prompt_len/2..prompt_len), each shared by ``samples`` consecutive rows as in
+    GRPO, and right-padded responses around ``mean_response``."""
     gen = torch.Generator().manual_seed(0)
-    prompt_lens = torch.randint(prompt_len // 2, prompt_len + 1, (rows,), generator=gen)
+    group_first = torch.arange(rows) // samples * samples
+    prompt_lens = torch.randint(prompt_len // 2, prompt_len + 1, (rows,), generator=gen)[group_first]
     spread = max(1, mean_response // 2)
     resp_lens = (torch.randint(-spread, spread + 1, (rows,), generator=gen) + mean_response).clamp(1, response_len)
     width = prompt_len + response_len
     input_ids = torch.randint(0, vocab, (rows, width), generator=gen)
+    input_ids[:, :prompt_len] = input_ids[group_first, :prompt_len]
     positions = torch.arange(width).expand(rows, width)
     prompt_mask = positions >= (prompt_len - prompt_lens)[:, None]
     response_mask = torch.arange(response_len).expand(rows, response_len) < resp_lens[:, None]
@@ -95,6 +100,7 @@ def main() -> None:
     parser.add_argument("--response-len", type=int, default=64)
     parser.add_argument("--mean-response", type=int, default=64)
     parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=1, help="consecutive rows sharing a prompt (GRPO's n)")
     parser.add_argument("--set", nargs="*", default=[], help="extra Hydra overrides of the ppo config")
     parser.add_argument("--trace", type=Path, default=None, help="write a Chrome trace here")
     parser.add_argument("--top", type=int, default=15)
@@ -115,7 +121,7 @@ def main() -> None:
     engine.initialize()
     loss_fn = make_policy_loss_fn(config.actor)
     data = rollout_batch(args.rows, args.prompt_len, args.response_len, args.mean_response,
-                         AutoConfig.from_pretrained(model).vocab_size)
+                         AutoConfig.from_pretrained(model).vocab_size, args.samples)
     real = int(data.batch["attention_mask"].sum())
     print(f"batch: {args.rows} rows x {data.batch['input_ids'].shape[1]} positions, {real} real tokens "
           f"({1 - real / data.batch['attention_mask'].numel():.1%} padding), response tokens "

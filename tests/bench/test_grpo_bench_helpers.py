@@ -68,10 +68,11 @@ def test_best_config_is_the_fastest_and_empty_trials_are_an_error():
 
 @pytest.mark.parametrize("device, rollout, compiled, eager", [("cpu", "vllm", True, False), ("cuda", "hf", False, True)])
 def test_rlflow_settings_compose_per_device_and_rollout(device, rollout, compiled, eager):
-    """A CPU run compiles its layers and vLLM's graphs and attends with sdpa_varlen; a GPU run with HF generate
-    keeps the defaults."""
+    """A CPU run compiles its layers and vLLM's graphs, attends with sdpa_varlen and shares each group's prompt;
+    a GPU run with HF generate keeps the defaults."""
     overrides = rlflow_overrides(Workload(device=device), Path("/m"), Path("/d"), Path("/run"), 3, 1, rollout)
     config = compose_ppo_config(overrides)
     assert (config.trainer.device, config.rollout.name) == (device, rollout)
     assert (config.actor.engine.compile, config.rollout.enforce_eager) == (compiled, eager)
     assert config.actor.engine.attn_implementation == ("sdpa_varlen" if compiled else "sdpa")
+    assert config.actor.engine.share_prefix == compiled
