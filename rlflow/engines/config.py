@@ -184,11 +184,11 @@ def config_from_mapping(config_class: type[ConfigT], values: Mapping[str, Any] |
         key = getattr(error, "full_key", "") or ""
         message = str(error).split("\n")[0]
         raise EngineConfigError(f"engine config key '{key}' ({config_class.__name__}): {message}") from None
-    _check_ranges(config)
+    _check_values(config)
     return config
 
 
-def _check_ranges(config: EngineConfig) -> None:
+def _check_values(config: EngineConfig) -> None:
     bad = [key for key, ok in config.range_checks().items() if not ok]
     if bad:
         detail = ", ".join(f"{key}={_lookup(config, key)!r}" for key in bad)
