@@ -54,6 +54,7 @@ __all__ = [
     "first_fit_rows",
     "grid_fields",
     "make_token_stream",
+    "real_columns",
     "row_width",
 ]
 
@@ -73,6 +74,17 @@ def document_causal_mask(positions: torch.Tensor) -> torch.Tensor:
     length = positions.shape[-1]
     causal = torch.ones(length, length, dtype=torch.bool, device=positions.device).tril()
     return (same_document & causal).unsqueeze(1)
+
+
+def real_columns(
+    attention_mask: torch.Tensor, position_ids: Optional[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """What every layout starts from: the position ids (counted from the mask when None), the mask as bool,
+    and each row's real columns."""
+    if position_ids is None:
+        position_ids = default_position_ids(attention_mask)
+    mask = attention_mask.bool()
+    return position_ids, mask, [mask[row].nonzero().squeeze(-1) for row in range(mask.shape[0])]
 
 
 @dataclass
@@ -191,11 +203,8 @@ def make_token_stream(
     hidden_size: Optional[int] = None,
 ) -> TokenStream:
     """Lay out a ``[b, T]`` micro-batch for one model call (see the module docstring)."""
-    if position_ids is None:
-        position_ids = default_position_ids(attention_mask)
     batch_rows, width = input_ids.shape
-    mask = attention_mask.bool()
-    real_cols = [mask[row].nonzero().squeeze(-1) for row in range(batch_rows)]
+    position_ids, mask, real_cols = real_columns(attention_mask, position_ids)
     device = input_ids.device
     if not remove_padding:
         batch_index = mask.reshape(-1).nonzero().squeeze(-1)

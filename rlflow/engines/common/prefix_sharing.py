@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from rlflow.engines.common.packing import TokenStream, default_position_ids, grid_fields
+from rlflow.engines.common.packing import TokenStream, grid_fields, real_columns
 
 __all__ = ["shared_prefix_stream"]
 
@@ -50,11 +50,8 @@ def shared_prefix_stream(
     loss_mask: torch.Tensor,
 ) -> TokenStream:
     """Lay out a ``[b, T]`` micro-batch as one row of real tokens with every shared prefix once (module docstring)."""
-    if position_ids is None:
-        position_ids = default_position_ids(attention_mask)
-    batch_rows, width = input_ids.shape
-    mask = attention_mask.bool()
-    real_cols = [mask[row].nonzero().squeeze(-1) for row in range(batch_rows)]
+    width = input_ids.shape[1]
+    position_ids, mask, real_cols = real_columns(attention_mask, position_ids)
     groups: dict[tuple, list[int]] = {}
     for row, prefix in enumerate(_prefix_lengths(mask, loss_mask)):
         if len(real_cols[row]):
@@ -88,6 +85,6 @@ def shared_prefix_stream(
         batch_index=batch_index,
         source_index=torch.cat(sources),
         target_index=torch.cat(targets),
-        rows_shape=(batch_rows, width),
+        rows_shape=(input_ids.shape[0], width),
         **grid_fields(sequences, slot, input_ids.device),
     )
