@@ -164,9 +164,9 @@ class HFModuleEngineConfig(EngineConfig):
     def combination_errors(self) -> list[str]:
         errors = super().combination_errors()
         if self.share_prefix and (self.attn_implementation != "sdpa_varlen" or not self.use_remove_padding):
-            errors.append("share_prefix=true needs attn_implementation=sdpa_varlen and use_remove_padding=true (only "
-                          f"that kernel attends across a shared prefix), got attn_implementation={self.attn_implementation}, "
-                          f"use_remove_padding={self.use_remove_padding}")
+            errors.append("share_prefix=true needs attn_implementation=sdpa_varlen and use_remove_padding=true "
+                          "(only that kernel attends across a shared prefix), got "
+                          f"attn_implementation={self.attn_implementation}, use_remove_padding={self.use_remove_padding}")
         return errors
 
 

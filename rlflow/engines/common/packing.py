@@ -210,7 +210,8 @@ def make_token_stream(
         batch_index = mask.reshape(-1).nonzero().squeeze(-1)
         row_starts = [row * width + int(cols[0]) for row, cols in enumerate(real_cols) if len(cols)]
         row_lengths = [len(cols) for cols in real_cols if len(cols)]
-        source_index = _source_index(batch_rows * width, batch_index, torch.tensor(row_starts, dtype=torch.long, device=device))
+        starts = torch.tensor(row_starts, dtype=torch.long, device=device)
+        source_index = _source_index(batch_rows * width, batch_index, starts)
         return TokenStream(
             input_ids=input_ids,
             position_ids=position_ids,

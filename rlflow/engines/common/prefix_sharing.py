@@ -38,7 +38,8 @@ __all__ = ["shared_prefix_stream"]
 def _prefix_lengths(mask: torch.Tensor, loss_mask: torch.Tensor) -> list[int]:
     """Per row, how many real tokens come before its first loss column (all of them without one)."""
     has_loss = loss_mask.bool() & mask
-    first_loss = torch.where(has_loss.any(-1), has_loss.int().argmax(-1), torch.full_like(mask[:, 0], mask.shape[1], dtype=torch.long))
+    no_loss = torch.full_like(mask[:, 0], mask.shape[1], dtype=torch.long)
+    first_loss = torch.where(has_loss.any(-1), has_loss.int().argmax(-1), no_loss)
     before = torch.arange(mask.shape[1])[None, :] < first_loss[:, None]
     return (mask & before).sum(-1).tolist()
 
@@ -58,7 +59,7 @@ def shared_prefix_stream(
             cols = real_cols[row][:prefix]
             key = (prefix, tuple(input_ids[row, cols].tolist()), tuple(position_ids[row, cols].tolist()))
             groups.setdefault(key, []).append(row)
-    slot, slots, tokens, sequences, sources, targets = 0, [], [], [], [], []
+    slot, tokens, sequences, sources, targets = 0, [], [], [], []
     for (prefix, _, _), rows in groups.items():
         prefix_slots = torch.arange(slot, slot + prefix)
         slot += prefix
@@ -66,13 +67,12 @@ def shared_prefix_stream(
             own = len(real_cols[row]) - prefix
             sequence = torch.cat([prefix_slots, torch.arange(slot, slot + own)])
             slot += own
-            sequences.append(sequence)
-            slots.append(sequence)
+            sequences.append(sequence)  # the row's real tokens' slots, in order
             tokens.append(row * width + real_cols[row])
             first = 0 if member == 0 else max(prefix - 1, 0)  # the prefix's own predictions once per group
             sources.append(sequence[first:-1])
             targets.append(sequence[first + 1:])
-    slot_index, batch_index = torch.cat(slots), torch.cat(tokens)
+    slot_index, batch_index = torch.cat(sequences), torch.cat(tokens)
     stream_ids = torch.zeros(slot, dtype=input_ids.dtype)
     stream_positions = torch.zeros(slot, dtype=position_ids.dtype)
     stream_ids[slot_index] = input_ids.reshape(-1)[batch_index]  # a shared slot gets the same token from each row
