@@ -28,37 +28,42 @@ def balance_batch(batch: DataProto, dp_size: int, share_prefix: bool = False) ->
     tokens = batch.batch["attention_mask"].sum(-1).tolist()
     order = [i for part in balanced_partition(tokens, dp_size) for i in part]
     if share_prefix and "uid" in batch.non_tensor_batch and "responses" in batch.batch:
-        grouped = _group_order(batch, dp_size)
-        if grouped is not None and _slowest_rank(batch, grouped, dp_size) < _slowest_rank(batch, order, dp_size):
+        costs = _SharedCosts(batch)
+        grouped = costs.group_order(dp_size)
+        if grouped is not None and costs.slowest_rank(grouped, dp_size) < costs.slowest_rank(order, dp_size):
             order = grouped
     return batch[np.asarray(order, dtype=np.int64)]
 
 
-def _groups(batch: DataProto) -> dict[object, list[int]]:
-    groups: dict[object, list[int]] = {}
-    for row, uid in enumerate(batch.non_tensor_batch["uid"]):
-        groups.setdefault(uid, []).append(row)
-    return groups
+class _SharedCosts:
+    """Per-row prompt and response token counts of an RL batch, read once, and the work of row sets
+    when each ``uid`` group's prompt runs once per rank."""
 
+    def __init__(self, batch: DataProto) -> None:
+        mask = batch.batch["attention_mask"]
+        prompt_width = mask.shape[1] - batch.batch["responses"].shape[1]
+        self.uids = list(batch.non_tensor_batch["uid"])
+        self.prompt_tokens = mask[:, :prompt_width].sum(-1).tolist()
+        self.response_tokens = mask[:, prompt_width:].sum(-1).tolist()
 
-def _shared_costs(batch: DataProto, rows: list[int]) -> int:
-    """Tokens a rank computes for ``rows`` when each group's prompt runs once."""
-    prompt_width = batch.batch["input_ids"].shape[1] - batch.batch["responses"].shape[1]
-    mask = batch.batch["attention_mask"]
-    prompts = {batch.non_tensor_batch["uid"][row]: int(mask[row, :prompt_width].sum()) for row in rows}
-    return sum(prompts.values()) + int(mask[rows, prompt_width:].sum())
+    def work(self, rows: list[int]) -> int:
+        """Tokens a rank computes for ``rows``."""
+        prompts = {self.uids[row]: self.prompt_tokens[row] for row in rows}
+        return sum(prompts.values()) + sum(self.response_tokens[row] for row in rows)
 
+    def group_order(self, dp_size: int) -> Optional[list[int]]:
+        """Whole ``uid`` groups balanced by their work; None unless the groups are equal in size and split
+        evenly over the ranks (a chunk must hold ``len/dp_size`` rows)."""
+        by_uid: dict[object, list[int]] = {}
+        for row, uid in enumerate(self.uids):
+            by_uid.setdefault(uid, []).append(row)
+        groups = list(by_uid.values())
+        if len({len(rows) for rows in groups}) != 1 or len(groups) % dp_size:
+            return None
+        parts = balanced_partition([self.work(rows) for rows in groups], dp_size)
+        return [row for part in parts for group in part for row in groups[group]]
 
-def _group_order(batch: DataProto, dp_size: int) -> Optional[list[int]]:
-    """Whole ``uid`` groups balanced by their shared cost; None unless the groups are equal in size and
-    split evenly over the ranks (a chunk must hold ``len/dp_size`` rows)."""
-    groups = list(_groups(batch).values())
-    if len({len(rows) for rows in groups}) != 1 or len(groups) % dp_size:
-        return None
-    parts = balanced_partition([_shared_costs(batch, rows) for rows in groups], dp_size)
-    return [row for part in parts for group in part for row in groups[group]]
-
-
-def _slowest_rank(batch: DataProto, order: list[int], dp_size: int) -> int:
-    chunk = len(order) // dp_size
-    return max(_shared_costs(batch, order[rank * chunk:(rank + 1) * chunk]) for rank in range(dp_size))
+    def slowest_rank(self, order: list[int], dp_size: int) -> int:
+        """The largest work of the ``dp_size`` consecutive chunks of ``order``."""
+        chunk = len(order) // dp_size
+        return max(self.work(order[rank * chunk:(rank + 1) * chunk]) for rank in range(dp_size))
