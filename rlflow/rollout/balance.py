@@ -14,29 +14,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rlflow.protocol import DataProto, DataProtoError
+from rlflow.utils.partition import balanced_partition
 from rlflow.workers import DispatchContext, reduce_metrics, register_dispatch_mode
 from rlflow.workers.dispatch import RankCalls
 
 DP_BALANCED_TOKENS = "dp_balanced_tokens"
-
-
-def balanced_partition(weights: Sequence[int], parts: int) -> list[list[int]]:
-    """Split indices ``0..len(weights)-1`` into ``parts`` lists of equal size with near-equal weight sums.
-
-    Greedy: heaviest first, each to the lightest part that still has room. Deterministic (ties
-    go to the lower index). ``len(weights)`` must be a multiple of ``parts``.
-    """
-    if parts < 1 or len(weights) % parts:
-        raise ValueError(f"cannot split {len(weights)} items into {parts} equal parts")
-    capacity = len(weights) // parts
-    order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
-    members: list[list[int]] = [[] for _ in range(parts)]
-    sums = [0] * parts
-    for index in order:
-        part = min((p for p in range(parts) if len(members[p]) < capacity), key=lambda p: (sums[p], p))
-        members[part].append(index)
-        sums[part] += weights[index]
-    return [sorted(m) for m in members]
 
 
 def _the_dataproto(ctx: DispatchContext, args: tuple, kwargs: dict) -> DataProto:
@@ -57,7 +39,8 @@ def _dispatch(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
             f"{ctx.method} ({DP_BALANCED_TOKENS}) balances by 'attention_mask' token counts; it is missing"
         )
     tokens = padded.batch["attention_mask"].sum(dim=1).tolist()
-    order = np.concatenate([np.asarray(p, dtype=np.int64) for p in balanced_partition(tokens, mesh.dp_size)])
+    parts = balanced_partition(tokens, mesh.dp_size, equal_size=True)
+    order = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
     shards = padded[order].chunk(mesh.dp_size) if len(padded) else [padded] * mesh.dp_size
     ctx.state.update(order=order, pad_size=pad_size, rows=len(data))
 

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 
 from rlflow.protocol import DataProto
-from rlflow.rollout.balance import balanced_partition
+from rlflow.utils.partition import balanced_partition
 
 __all__ = ["balance_batch"]
 
@@ -26,7 +26,7 @@ def balance_batch(batch: DataProto, dp_size: int, share_prefix: bool = False) ->
     if dp_size <= 1 or len(batch) % dp_size:
         return batch
     tokens = batch.batch["attention_mask"].sum(-1).tolist()
-    order = [i for part in balanced_partition(tokens, dp_size) for i in part]
+    order = [i for part in balanced_partition(tokens, dp_size, equal_size=True) for i in part]
     if share_prefix and "uid" in batch.non_tensor_batch and "responses" in batch.batch:
         costs = _SharedCosts(batch)
         grouped = costs.group_order(dp_size)
@@ -60,7 +60,7 @@ class _SharedCosts:
         groups = list(by_uid.values())
         if len({len(rows) for rows in groups}) != 1 or len(groups) % dp_size:
             return None
-        parts = balanced_partition([self.work(rows) for rows in groups], dp_size)
+        parts = balanced_partition([self.work(rows) for rows in groups], dp_size, equal_size=True)
         return [row for part in parts for group in part for row in groups[group]]
 
     def slowest_rank(self, order: list[int], dp_size: int) -> int:

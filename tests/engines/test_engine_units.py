@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -20,7 +18,7 @@ from rlflow.engines.common.hf_export import write_hf_folder
 from rlflow.engines.common.logprob import chunked_log_probs
 from rlflow.engines.common.models import get_model_kind
 from rlflow.engines.common.lr_schedulers import LR_SCHEDULE_REGISTRY, LRSchedule, register_lr_schedule
-from rlflow.engines.common.micro_batching import balanced_partition, plan_micro_batches
+from rlflow.engines.common.micro_batching import plan_micro_batches
 from rlflow.engines.common.optimizers import build_adamw, clean_param_name, no_decay_names
 from rlflow.engines.common.packing import first_fit_rows, make_token_stream, row_width
 from rlflow.engines.config import (
@@ -43,18 +41,6 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # ------------------------------------------------------------------------------ micro-batching
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 50), min_size=1, max_size=30), st.integers(1, 8))
-def test_balanced_partition_covers_every_row_once(lengths: list[int], parts: int) -> None:
-    parts = min(parts, len(lengths))
-    partition = balanced_partition(lengths, parts)
-    assert sorted(i for part in partition for i in part) == list(range(len(lengths)))
-    assert all(part for part in partition)
-    loads = [sum(lengths[i] for i in part) for part in partition]
-    # greedy longest-first: no part exceeds the ideal share by more than the longest sequence
-    assert max(loads) <= sum(lengths) / parts + max(lengths)
-
-
 def test_fixed_micro_batches_are_consecutive_and_bounded() -> None:
     plan = plan_micro_batches([5] * 10, micro_batch_size=4, use_dynamic_bsz=False, max_token_len=1)
     assert [len(g) for g in plan.groups] == [3, 4, 3]

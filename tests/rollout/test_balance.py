@@ -8,30 +8,8 @@ import pytest
 import torch
 
 from rlflow.protocol import DataProto
-from rlflow.rollout.balance import DP_BALANCED_TOKENS, balanced_partition
+from rlflow.rollout.balance import DP_BALANCED_TOKENS
 from rlflow.workers import DispatchContext, get_dispatch_mode
-
-
-def test_partition_has_equal_counts_and_near_optimal_sums():
-    weights = [50, 3, 41, 7, 7, 30, 12, 1, 22, 9, 18, 5]
-    parts = balanced_partition(weights, 3)
-    assert sorted(itertools.chain(*parts)) == list(range(len(weights)))
-    assert all(len(p) == 4 for p in parts)
-    sums = sorted(sum(weights[i] for i in p) for p in parts)
-    # a brute-force optimum of the same problem for comparison
-    best = min(
-        max(sum(weights[i] for i in c) for c in (a, b, tuple(set(range(12)) - set(a) - set(b))))
-        for a in itertools.combinations(range(12), 4)
-        for b in itertools.combinations(sorted(set(range(12)) - set(a)), 4)
-        if a[0] == 0 and b[0] == min(set(range(12)) - set(a))
-    )
-    assert sums[-1] <= best + max(weights) // 4
-    assert sums[-1] - sums[0] <= max(weights)
-
-
-def test_partition_needs_divisible_count():
-    with pytest.raises(ValueError, match="equal parts"):
-        balanced_partition([1, 2, 3], 2)
 
 
 def _prompts(lengths):

@@ -14,7 +14,6 @@ splits its rows into that many micro-batches.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -23,8 +22,9 @@ import torch
 import torch.distributed as dist
 
 from rlflow.engines.common.distributed import all_reduce_max
+from rlflow.utils.partition import balanced_partition
 
-__all__ = ["MicroBatchPlan", "balanced_partition", "plan_micro_batches"]
+__all__ = ["MicroBatchPlan", "plan_micro_batches"]
 
 
 @dataclass(frozen=True)
@@ -42,21 +42,6 @@ class MicroBatchPlan:
         inverse = torch.empty(len(self.order), dtype=torch.long)
         inverse[torch.tensor(self.order, dtype=torch.long)] = torch.arange(len(self.order))
         return stacked.index_select(0, inverse.to(stacked.device))
-
-
-def balanced_partition(lengths: Sequence[int], num_parts: int) -> list[list[int]]:
-    """Greedy longest-first partition of indices into ``num_parts`` non-empty parts of similar total length."""
-    if not 1 <= num_parts <= len(lengths):
-        raise ValueError(f"cannot split {len(lengths)} sequences into {num_parts} non-empty micro-batches")
-    by_length = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    parts: list[list[int]] = [[index] for index in by_length[:num_parts]]
-    heap = [(lengths[part[0]], p) for p, part in enumerate(parts)]
-    heapq.heapify(heap)
-    for index in by_length[num_parts:]:
-        load, p = heapq.heappop(heap)
-        parts[p].append(index)
-        heapq.heappush(heap, (load + lengths[index], p))
-    return [sorted(part) for part in parts]
 
 
 def _dynamic_count(lengths: Sequence[int], max_token_len: int) -> int:
