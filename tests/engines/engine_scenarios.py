@@ -26,6 +26,7 @@ from engine_testlib import (
     full_grads,
     local_share,
     make_batch,
+    make_grouped_batch,
     new_engine,
     nll_token_mean,
     position_ids_of,
@@ -223,7 +224,8 @@ def value_suite(rank: int, world_size: int, model_path: Path, value_path: Path, 
 
 
 def packing_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -> None:
-    """Packed vs padded forwards (and the full-logits reference) with temperature and entropy."""
+    """Packed vs padded forwards (and the full-logits reference) with temperature and entropy; shared prompts laid
+    out once, over several dynamic micro-batches."""
     batch = make_batch(seed=51, rows=7, width=40)
     batch.batch["position_ids"] = position_ids_of(batch.batch["attention_mask"])
     batch.meta_info.update(temperature=0.7, compute_entropy=True)
@@ -244,6 +246,14 @@ def packing_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -
                 "entropy": out.batch["entropy"],
                 "num_micro_batches": metrics["num_micro_batches"],
             }
+    grouped = make_grouped_batch(seed=52)
+    with torch.no_grad():
+        results["grouped_reference"] = reference_token_stats(reference_model(model_path), grouped)[0]
+    for name in engines_with_option("share_prefix"):
+        shared = dict(attn_implementation="sdpa_varlen", share_prefix=True, use_dynamic_bsz=True,
+                      max_token_len_per_micro_batch=60)
+        out, metrics = new_engine(engine_config(name, **shared), model_path).forward_backward(grouped, forward_only=True)
+        results[(name, "shared_prefix")] = {"log_probs": out.batch["log_probs"], "num_micro_batches": metrics["num_micro_batches"]}
     save_results(rank, out_dir, "packing.pt", results)
 
 

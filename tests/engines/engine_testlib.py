@@ -82,6 +82,25 @@ def make_batch(seed: int, rows: int = 8, width: int = 24) -> DataProto:
     )
 
 
+def make_grouped_batch(seed: int, prompts: int = 3, samples: int = 4, width: int = 24) -> DataProto:
+    """GRPO-shaped rows: ``samples`` responses per prompt (left-padded prompt, right-padded response), the loss on
+    the responses, each prompt's rows interleaved with the others' (``[p0, p1, p2, p0, ...]``)."""
+    generator = torch.Generator().manual_seed(seed)
+    prompt_width = width // 3
+    prompt_ids = [torch.randint(0, VOCAB_LIMIT, (int(torch.randint(2, prompt_width + 1, (1,), generator=generator)),),
+                                generator=generator) for _ in range(prompts)]
+    rows = prompts * samples
+    input_ids = torch.randint(0, VOCAB_LIMIT, (rows, width), generator=generator)
+    attention_mask, loss_mask = torch.zeros(rows, width, dtype=torch.long), torch.zeros(rows, width)
+    for row in range(rows):
+        prompt = prompt_ids[row % prompts]
+        response = int(torch.randint(1, width - prompt_width + 1, (1,), generator=generator))
+        input_ids[row, prompt_width - len(prompt):prompt_width] = prompt
+        attention_mask[row, prompt_width - len(prompt):prompt_width + response] = 1
+        loss_mask[row, prompt_width:prompt_width + response] = 1
+    return DataProto.from_dict({"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask})
+
+
 def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
     positions = torch.zeros_like(attention_mask)
     for row in range(attention_mask.shape[0]):

@@ -106,6 +106,15 @@ def test_packed_and_padded_forwards_agree(engine: str, one_rank: Path) -> None:
     assert ref_log_probs.abs().sum() > 0 and ref_entropy.abs().sum() > 0
 
 
+@pytest.mark.parametrize("engine", engines_with_option("share_prefix"))
+def test_shared_prompts_over_dynamic_micro_batches_match_the_hf_model(engine: str, one_rank: Path) -> None:
+    """``share_prefix`` through the engine: each prompt's rows planned together, laid out once, outputs restored."""
+    results = _results(one_rank, "packing.pt")
+    run = results[(engine, "shared_prefix")]
+    assert run["num_micro_batches"] > 1
+    torch.testing.assert_close(run["log_probs"], results["grouped_reference"], atol=TOKEN_TOL, rtol=0)
+
+
 # ------------------------------------------------------------------------------------ HF export
 @pytest.mark.parametrize("engine", ENGINES)
 def test_export_from_two_ranks_loads_in_transformers(engine: str, two_rank: Path) -> None:

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from rlflow.engines.base import LossFn
 from rlflow.engines.common.loss_scaling import global_counts, global_loss
 from rlflow.engines.common.micro_batching import plan_micro_batches
+from rlflow.engines.common.prefix_sharing import prefix_row_groups, shares_prefix
 from rlflow.engines.config import EngineConfig
 from rlflow.protocol import DataProto
 
@@ -74,15 +75,19 @@ def run_forward_backward(
     no_sync: Optional[Callable[[], AbstractContextManager[Any]]] = None,
 ) -> tuple[DataProto, dict[str, Any]]:
     """``BaseEngine.forward_backward`` for a DP ``group``; ``forward(micro_batch)`` runs one micro-batch, given on the
-    host, on ``device``."""
+    host, on ``device``. With ``share_prefix`` (``forward`` runs each shared prefix once per micro-batch) the rows
+    that share one are planned into one micro-batch where the limits allow."""
     check_batch(batch, loss_fn, forward_only)
+    fields = batch.batch
     plan = plan_micro_batches(
-        batch.batch["attention_mask"].sum(-1).tolist(),
+        fields["attention_mask"].sum(-1).tolist(),
         micro_batch_size=config.micro_batch_size,
         use_dynamic_bsz=config.use_dynamic_bsz,
         max_token_len=config.max_token_len_per_micro_batch,
         group=group,
         device=device,
+        row_groups=prefix_row_groups(fields["input_ids"], fields["attention_mask"], fields.get("position_ids"),
+                                     fields["loss_mask"]) if shares_prefix(config) and "loss_mask" in fields else None,
     )
     counts = global_counts(batch, len(plan.groups), group, device) if loss_fn is not None else None
     training = loss_fn is not None and not forward_only

@@ -26,7 +26,7 @@ from rlflow.engines.common.lora import add_lora_adapters
 from rlflow.engines.common.models import FORWARD_PREFIX, ForwardModule, ModelKind
 from rlflow.engines.common.optimizers import clean_param_name
 from rlflow.engines.common.packing import make_token_stream
-from rlflow.engines.common.prefix_sharing import shared_prefix_stream
+from rlflow.engines.common.prefix_sharing import shared_prefix_stream, shares_prefix
 from rlflow.engines.config import EngineConfig, HFModuleEngineConfig
 from rlflow.protocol import DataProto
 from rlflow.utils.seed import set_seed
@@ -53,7 +53,6 @@ def forward_micro_batch(
     attn_implementation: str,
     device: torch.device,
     hidden_size: Optional[int] = None,
-    share_prefix: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per-token outputs of one micro-batch (``[b, T]``, differentiable, on ``device``) from the wrapped
     forward module. ``micro`` is on the host: the stream is laid out there and then moved, so the layout's
@@ -61,7 +60,7 @@ def forward_micro_batch(
     (the ``ForwardModule``'s) choose the packed layout; with ``share_prefix`` (``HFModuleEngineConfig``) and a
     ``loss_mask`` the rows' shared prefixes are laid out once (``prefix_sharing``)."""
     ids, mask, positions = micro.batch["input_ids"], micro.batch["attention_mask"], micro.batch.get("position_ids")
-    if share_prefix and "loss_mask" in micro.batch:
+    if shares_prefix(config) and "loss_mask" in micro.batch:
         stream = shared_prefix_stream(ids, mask, positions, micro.batch["loss_mask"])
     else:
         stream = make_token_stream(ids, mask, positions, remove_padding=config.use_remove_padding,

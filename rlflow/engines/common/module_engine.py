@@ -75,7 +75,6 @@ class ModuleEngine(DelegatingEngine):
         no_decay = no_decay_names(forward_module)
         self.hidden_size = forward_module.hidden_size
         self.attn_implementation = forward_module.attn_implementation
-        self.share_prefix = isinstance(cfg, HFModuleEngineConfig) and cfg.share_prefix  # an HF-module option
         self.module = self._parallelize(forward_module)
         self.module.train()
         self.optimizer = build_adamw(self.module.named_parameters(), no_decay, cfg.optimizer)
@@ -95,7 +94,7 @@ class ModuleEngine(DelegatingEngine):
     ) -> tuple[DataProto, dict[str, Any]]:
         self._require_initialized()
         forward = partial(forward_micro_batch, self.module, config=self.config, hidden_size=self.hidden_size,
-                          attn_implementation=self.attn_implementation, device=self.device, share_prefix=self.share_prefix)
+                          attn_implementation=self.attn_implementation, device=self.device)
         with self.offloader.params_resident():
             return run_forward_backward(
                 batch, forward, loss_fn, forward_only, self.config, group=self.dp_group, device=self.device,

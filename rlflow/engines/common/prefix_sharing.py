@@ -20,6 +20,9 @@ grid's gather. The prefix's last slot predicts the first own token of every row 
 row. Log-probs, values and gradients equal those of the unshared stream (within the fp32
 summation order: ``tests/engines/test_prefix_sharing.py``).
 
+A prefix runs once per micro-batch that holds its rows, so the micro-batch planner keeps them together
+(``prefix_row_groups``, ``micro_batching``).
+
 Needs ``attn_implementation=sdpa_varlen`` and ``use_remove_padding`` (``EngineConfig``): other
 kernels find sequences by position resets or row bounds, which a shared prefix breaks.
 """
@@ -31,8 +34,15 @@ from typing import Optional
 import torch
 
 from rlflow.engines.common.packing import TokenStream, grid_fields, real_columns
+from rlflow.engines.config import EngineConfig, HFModuleEngineConfig
 
-__all__ = ["shared_prefix_stream"]
+__all__ = ["prefix_row_groups", "shared_prefix_stream", "shares_prefix"]
+
+
+def shares_prefix(config: EngineConfig) -> bool:
+    """Whether an engine with ``config`` lays shared prefixes out once (the HF-module option ``share_prefix``):
+    read by the shared forward and micro-batch loop, so every engine built on them honours it."""
+    return isinstance(config, HFModuleEngineConfig) and config.share_prefix
 
 
 def _prefix_lengths(mask: torch.Tensor, loss_mask: torch.Tensor) -> list[int]:
@@ -44,6 +54,37 @@ def _prefix_lengths(mask: torch.Tensor, loss_mask: torch.Tensor) -> list[int]:
     return (mask & before).sum(-1).tolist()
 
 
+def _rows_by_prefix(
+    input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, real_cols: list[torch.Tensor],
+    loss_mask: torch.Tensor,
+) -> list[tuple[int, list[int]]]:
+    """``(prefix length, rows)`` per distinct shared prefix (tokens and positions), in order of first appearance;
+    rows without real tokens are left out."""
+    groups: dict[tuple, list[int]] = {}
+    for row, prefix in enumerate(_prefix_lengths(mask, loss_mask)):
+        if len(real_cols[row]):
+            cols = real_cols[row][:prefix]
+            key = (prefix, tuple(input_ids[row, cols].tolist()), tuple(position_ids[row, cols].tolist()))
+            groups.setdefault(key, []).append(row)
+    return [(key[0], rows) for key, rows in groups.items()]
+
+
+def prefix_row_groups(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: Optional[torch.Tensor],
+    loss_mask: torch.Tensor,
+) -> list[list[int]]:
+    """Every row of a ``[b, T]`` batch once, the rows that share a prefix together: what the micro-batch planner
+    keeps in one micro-batch where its limits allow, since a prefix runs once per micro-batch that holds it.
+    A row that shares nothing (no prefix, or no real tokens) is a group of its own."""
+    position_ids, mask, real_cols = real_columns(attention_mask, position_ids)
+    groups: list[list[int]] = []
+    for prefix, rows in _rows_by_prefix(input_ids, mask, position_ids, real_cols, loss_mask):
+        groups += [rows] if prefix else [[row] for row in rows]
+    return groups + [[row] for row in range(len(real_cols)) if not len(real_cols[row])]
+
+
 def shared_prefix_stream(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -53,14 +94,8 @@ def shared_prefix_stream(
     """Lay out a ``[b, T]`` micro-batch as one row of real tokens with every shared prefix once (module docstring)."""
     width = input_ids.shape[1]
     position_ids, mask, real_cols = real_columns(attention_mask, position_ids)
-    groups: dict[tuple, list[int]] = {}
-    for row, prefix in enumerate(_prefix_lengths(mask, loss_mask)):
-        if len(real_cols[row]):
-            cols = real_cols[row][:prefix]
-            key = (prefix, tuple(input_ids[row, cols].tolist()), tuple(position_ids[row, cols].tolist()))
-            groups.setdefault(key, []).append(row)
     slot, tokens, sequences, sources, targets = 0, [], [], [], []
-    for (prefix, _, _), rows in groups.items():
+    for prefix, rows in _rows_by_prefix(input_ids, mask, position_ids, real_cols, loss_mask):
         prefix_slots = torch.arange(slot, slot + prefix)
         slot += prefix
         for member, row in enumerate(rows):
