@@ -252,8 +252,10 @@ def packing_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -
     for name in engines_with_option("share_prefix"):
         shared = dict(attn_implementation="sdpa_varlen", share_prefix=True, use_dynamic_bsz=True,
                       max_token_len_per_micro_batch=60)
-        out, metrics = new_engine(engine_config(name, **shared), model_path).forward_backward(grouped, forward_only=True)
-        results[(name, "shared_prefix")] = {"log_probs": out.batch["log_probs"], "num_micro_batches": metrics["num_micro_batches"]}
+        engine = new_engine(engine_config(name, **shared), model_path)
+        out, metrics = engine.forward_backward(grouped, forward_only=True)
+        results[(name, "shared_prefix")] = {"log_probs": out.batch["log_probs"],
+                                            "num_micro_batches": metrics["num_micro_batches"]}
     save_results(rank, out_dir, "packing.pt", results)
 
 

@@ -108,7 +108,8 @@ def test_packed_and_padded_forwards_agree(engine: str, one_rank: Path) -> None:
 
 @pytest.mark.parametrize("engine", engines_with_option("share_prefix"))
 def test_shared_prompts_over_dynamic_micro_batches_match_the_hf_model(engine: str, one_rank: Path) -> None:
-    """``share_prefix`` through the engine: each prompt's rows planned together, laid out once, outputs restored."""
+    """``share_prefix`` through the engine, its prompts laid out once over several dynamic micro-batches (the
+    planning itself: ``test_prefix_sharing.py``): the log-probs equal the HF model's on the padded batch."""
     results = _results(one_rank, "packing.pt")
     run = results[(engine, "shared_prefix")]
     assert run["num_micro_batches"] > 1
