@@ -79,6 +79,10 @@ def run_forward_backward(
     that share one are planned into one micro-batch where the limits allow."""
     check_batch(batch, loss_fn, forward_only)
     fields = batch.batch
+    row_groups = None
+    if shares_prefix(config, batch):
+        row_groups = prefix_row_groups(fields["input_ids"], fields["attention_mask"], fields.get("position_ids"),
+                                       fields["loss_mask"])
     plan = plan_micro_batches(
         fields["attention_mask"].sum(-1).tolist(),
         micro_batch_size=config.micro_batch_size,
@@ -86,8 +90,7 @@ def run_forward_backward(
         max_token_len=config.max_token_len_per_micro_batch,
         group=group,
         device=device,
-        row_groups=prefix_row_groups(fields["input_ids"], fields["attention_mask"], fields.get("position_ids"),
-                                     fields["loss_mask"]) if shares_prefix(config) and "loss_mask" in fields else None,
+        row_groups=row_groups,
     )
     counts = global_counts(batch, len(plan.groups), group, device) if loss_fn is not None else None
     training = loss_fn is not None and not forward_only

@@ -60,7 +60,7 @@ def forward_micro_batch(
     (the ``ForwardModule``'s) choose the packed layout; with ``share_prefix`` (``HFModuleEngineConfig``) and a
     ``loss_mask`` the rows' shared prefixes are laid out once (``prefix_sharing``)."""
     ids, mask, positions = micro.batch["input_ids"], micro.batch["attention_mask"], micro.batch.get("position_ids")
-    if shares_prefix(config) and "loss_mask" in micro.batch:
+    if shares_prefix(config, micro):
         stream = shared_prefix_stream(ids, mask, positions, micro.batch["loss_mask"])
     else:
         stream = make_token_stream(ids, mask, positions, remove_padding=config.use_remove_padding,

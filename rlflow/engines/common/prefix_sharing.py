@@ -35,14 +35,16 @@ import torch
 
 from rlflow.engines.common.packing import TokenStream, grid_fields, real_columns
 from rlflow.engines.config import EngineConfig, HFModuleEngineConfig
+from rlflow.protocol import DataProto
 
 __all__ = ["prefix_row_groups", "shared_prefix_stream", "shares_prefix"]
 
 
-def shares_prefix(config: EngineConfig) -> bool:
-    """Whether an engine with ``config`` lays shared prefixes out once (the HF-module option ``share_prefix``):
-    read by the shared forward and micro-batch loop, so every engine built on them honours it."""
-    return isinstance(config, HFModuleEngineConfig) and config.share_prefix
+def shares_prefix(config: EngineConfig, batch: DataProto) -> bool:
+    """Whether ``batch``'s shared prefixes are laid out once: the HF-module option ``share_prefix`` is on and a
+    ``loss_mask`` marks where each row's prefix ends. Read by the shared forward and micro-batch loop, so every
+    engine built on them honours the option."""
+    return isinstance(config, HFModuleEngineConfig) and config.share_prefix and "loss_mask" in batch.batch
 
 
 def _prefix_lengths(mask: torch.Tensor, loss_mask: torch.Tensor) -> list[int]:
