@@ -28,7 +28,7 @@ from rlflow.service.batches import Datum, per_datum_logprobs
 from rlflow.service.catalogue import BaseModel, LoraShape
 from rlflow.service.scheduler import HostScheduler
 from rlflow.service.model_worker import BaseModelWorker
-from rlflow.trainer.timeouts import group_timeouts
+from rlflow.config.loading.timeouts import group_timeouts
 from rlflow.utils.logging import get_logger
 from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
 

@@ -15,7 +15,7 @@ from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.engines.common.lora import target_module_names
 from rlflow.engines.config import EngineConfigError, LoRAConfig
 from rlflow.models.presets import build_preset
-from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
+from rlflow.trainer.entry_points import compose_ppo_config, compose_sft_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -32,7 +32,7 @@ from rlflow.engines.config import (
 from rlflow.engines.fsdp import FSDPEngine, FSDPEngineConfig
 from rlflow.engines.fsdp2 import FSDP2Engine, FSDP2EngineConfig
 from rlflow.errors import CheckpointError
-from rlflow.trainer.entry import CONFIG_DIR
+from rlflow.config.loading.hydra_entry import CONFIG_DIR
 
 
 @pytest.fixture(scope="module")

@@ -53,7 +53,7 @@ def test_a_second_run_is_refused_naming_pid_and_host_and_a_killed_holder_blocks_
 
 
 def _config(tmp_path: Path, *overrides: str):
-    from rlflow.trainer.config_loading import compose_ppo_config
+    from rlflow.trainer.entry_points import compose_ppo_config
 
     data = tmp_path / "train.jsonl"
     if not data.exists():

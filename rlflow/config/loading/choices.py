@@ -25,6 +25,7 @@ from rlflow.algos import (
 )
 from rlflow.algos.kl import STRAIGHT_THROUGH_SUFFIX
 from rlflow.config import ConfigError
+from rlflow.config.schema import RECOMPUTE_MODES, RESUME_MODES
 from rlflow.data.rl_dataset import RL_TRUNCATION_POLICIES
 from rlflow.data.sft_dataset import SFT_TRUNCATION_POLICIES
 from rlflow.engines.common.lr_schedulers import LR_SCHEDULE_REGISTRY
@@ -36,15 +37,11 @@ from rlflow.rewards.combine import REWARD_COMBINE_REGISTRY
 from rlflow.rollout import LORA_SYNC_MODES, ROLLOUT_REGISTRY
 from rlflow.rollout.processing import PROMPT_OVERFLOW_POLICIES
 from rlflow.rollout.sampling import LOGPROBS_MODES
-from rlflow.trainer.checkpoint import RESUME_MODES
-from rlflow.trainer.old_log_probs import RECOMPUTE_MODES
-from rlflow.trainer.placement import PLACEMENTS
 from rlflow.utils.device import DEVICES
 from rlflow.utils.registry import Registry
 
-# A registry, a collection of names, or a function returning one (for tables that live in a
-# module that imports config loading itself, read when the check runs).
-NameSource = Union[Registry, Collection[str], Callable[[], Collection[str]]]
+# A registry (plugins may add names, so it is read when the check runs) or a table of names.
+NameSource = Union[Registry, Collection[str]]
 
 
 @dataclass(frozen=True)
@@ -69,19 +66,12 @@ class Choice:
                 if name not in self.names:
                     raise self.names.error(self.names.unknown_message(str(item), self.key))
                 continue
-            legal = self.names() if callable(self.names) else self.names
-            if name not in legal:
-                raise ConfigError(f"config key '{self.key}': unknown value {item!r}; choose one of {', '.join(sorted(legal))}")
+            if name not in self.names:
+                raise ConfigError(f"config key '{self.key}': unknown value {item!r}; choose one of {', '.join(sorted(self.names))}")
 
 
 def _kl_base(name: str) -> str:
     return name.removesuffix(STRAIGHT_THROUGH_SUFFIX)
-
-
-def _sft_launchers() -> Collection[str]:
-    from rlflow.trainer.main_sft import LAUNCHERS  # main_sft imports config loading: read its table lazily
-
-    return LAUNCHERS
 
 
 def engine_choices(mount: str) -> list[Choice]:
@@ -116,34 +106,30 @@ def rollout_choices() -> list[Choice]:
     ]
 
 
-def ppo_choices(engine_mounts: Iterable[str]) -> list[Choice]:
-    """Every choice key of ``main_ppo``'s config."""
+def ppo_algorithm_choices() -> list[Choice]:
+    """The choice keys of the RL algorithm: ``data``, ``actor``, ``critic``, ``algorithm``, ``reward``."""
     return [
-        *run_choices(),
-        Choice("trainer.placement", PLACEMENTS),
         Choice("data.truncation", RL_TRUNCATION_POLICIES),
         Choice("actor.loss_agg_mode", LOSS_AGG_REGISTRY),
         Choice("critic.loss_agg_mode", LOSS_AGG_REGISTRY),
         Choice("actor.kl_loss_type", KL_ESTIMATOR_REGISTRY, _kl_base),
         Choice("actor.policy_loss.loss_mode", POLICY_LOSS_REGISTRY),
         Choice("actor.recompute_old_log_probs", RECOMPUTE_MODES),
-        *rollout_choices(),
         Choice("algorithm.adv_estimator", ADV_ESTIMATOR_REGISTRY),
         Choice("algorithm.kl_penalty", KL_ESTIMATOR_REGISTRY, _kl_base),
         Choice("algorithm.kl_ctrl.type", KL_CONTROLLER_REGISTRY),
         Choice("reward.combine", REWARD_COMBINE_REGISTRY),
-        *(choice for mount in engine_mounts for choice in engine_choices(mount)),
     ]
 
 
-def sft_choices(engine_mounts: Iterable[str]) -> list[Choice]:
-    """Every choice key of ``main_sft``'s config."""
-    return [
-        *run_choices(),
-        Choice("trainer.launcher", _sft_launchers),
-        Choice("data.truncation", SFT_TRUNCATION_POLICIES),
-        *(choice for mount in engine_mounts for choice in engine_choices(mount)),
-    ]
+def sft_data_choices() -> list[Choice]:
+    """The choice keys of the SFT ``data`` node."""
+    return [Choice("data.truncation", SFT_TRUNCATION_POLICIES)]
+
+
+def mounted_engine_choices(engine_mounts: Iterable[str]) -> list[Choice]:
+    """``engine_choices`` of every mount."""
+    return [choice for mount in engine_mounts for choice in engine_choices(mount)]
 
 
 def check_choices(cfg: DictConfig, choices: Iterable[Choice]) -> None:

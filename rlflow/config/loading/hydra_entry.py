@@ -1,20 +1,21 @@
-"""What every Hydra entry point shares: argv shorthands, config validation, one-line user errors."""
+"""What every Hydra entry point shares: the config folder, argv shorthands, in-process composition, one-line user errors."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import hydra
+from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from rlflow.config.loading.verl_overrides import check_verl_overrides
 from rlflow.errors import UserError
-from rlflow.trainer.verl_overrides import check_verl_overrides
 from rlflow.utils.device import limit_cpu_threads
 
 # The YAMLs ship inside the package (package data), so a wheel or non-editable install finds them too.
-CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 
 
 # The group whose options are registered classes: a registered engine needs no YAML of its own.
@@ -29,13 +30,13 @@ def _is_option_name(value: str) -> bool:
     return value.replace("_", "").isalnum()
 
 
-def _engine_pick(key: str, value: str, group_mounts: dict[str, str]) -> str | None:
+def _engine_pick(key: str, value: str, group_mounts: Mapping[str, str]) -> str | None:
     """The mount whose engine ``key=value`` picks by name (``actor.engine=NAME``, ``actor.engine.name=NAME``)."""
     mount = key.removesuffix(".name")
     return mount if group_mounts.get(mount) == ENGINE_GROUP and _is_option_name(value) else None
 
 
-def expand_group_shorthands(argv: list[str], group_mounts: dict[str, str]) -> list[str]:
+def expand_group_shorthands(argv: list[str], group_mounts: Mapping[str, str]) -> list[str]:
     """Let users write ``actor.engine=fsdp`` for Hydra's ``engine@actor.engine=fsdp``.
 
     ``group_mounts`` maps a mount key (``actor.engine``) to its group (``engine``).
@@ -83,10 +84,18 @@ def add_free_form_keys(argv: list[str], mappings: tuple[str, ...]) -> list[str]:
     return expanded
 
 
+def compose_hydra_config(config_name: str, overrides: Sequence[str], group_mounts: Mapping[str, str],
+                         free_form_mappings: tuple[str, ...] = ()) -> DictConfig:
+    """The raw config an entry point's Hydra parse gives for these command-line overrides, composed in-process."""
+    check_verl_overrides(config_name, overrides)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name, add_free_form_keys(expand_group_shorthands(list(overrides), group_mounts), free_form_mappings))
+
+
 def run_hydra_entry(
     config_name: str,
     run: Callable[[DictConfig], None],
-    group_mounts: dict[str, str] | None = None,
+    group_mounts: Mapping[str, str] | None = None,
     free_form_mappings: tuple[str, ...] = (),
 ) -> None:
     """Parse the command line with Hydra, then call ``run(cfg)``; ``UserError`` exits 2 with one line.
