@@ -33,11 +33,6 @@ GSPO_LOG_RATIO_MAX = 10.0
 SEQUENCE_LEVEL_AGG_MODE = "seq-mean-token-mean"
 
 
-def register_policy_loss(name: str, override: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering a policy loss under ``name`` (``override``: replace a taken name)."""
-    return POLICY_LOSS_REGISTRY.register(name, override=override)
-
-
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
     """The policy loss registered under ``name``; an unknown name lists the registered ones."""
     return POLICY_LOSS_REGISTRY.get(name)
@@ -51,7 +46,7 @@ def _clamped_log_ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor) -> to
     return torch.clamp(log_prob - old_log_prob, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
 
 
-@register_policy_loss("vanilla")
+@POLICY_LOSS_REGISTRY.register("vanilla")
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -68,7 +63,7 @@ def compute_policy_loss_vanilla(
     return loss, _metrics(pg_clipfrac=terms.clipfrac, ppo_kl=terms.ppo_kl, pg_clipfrac_lower=terms.clipfrac_lower)
 
 
-@register_policy_loss("gspo")
+@POLICY_LOSS_REGISTRY.register("gspo")
 def compute_policy_loss_gspo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -99,7 +94,7 @@ def compute_policy_loss_gspo(
     )
 
 
-@register_policy_loss("sapo")
+@POLICY_LOSS_REGISTRY.register("sapo")
 def compute_policy_loss_sapo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -124,7 +119,7 @@ def compute_policy_loss_sapo(
     return loss, _metrics(pg_clipfrac=0.0, ppo_kl=masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
 
 
-@register_policy_loss("cispo")
+@POLICY_LOSS_REGISTRY.register("cispo")
 def compute_policy_loss_cispo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -147,7 +142,7 @@ def compute_policy_loss_cispo(
     )
 
 
-@register_policy_loss("geo_mean")
+@POLICY_LOSS_REGISTRY.register("geo_mean")
 def compute_policy_loss_geo_mean(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -181,7 +176,7 @@ def compute_policy_loss_geo_mean(
     )
 
 
-@register_policy_loss("gpg")
+@POLICY_LOSS_REGISTRY.register("gpg")
 def compute_policy_loss_gpg(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -195,7 +190,7 @@ def compute_policy_loss_gpg(
     return loss, {}
 
 
-@register_policy_loss("clip_cov")
+@POLICY_LOSS_REGISTRY.register("clip_cov")
 def compute_policy_loss_clip_cov(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -236,7 +231,7 @@ def compute_policy_loss_clip_cov(
     )
 
 
-@register_policy_loss("kl_cov")
+@POLICY_LOSS_REGISTRY.register("kl_cov")
 def compute_policy_loss_kl_cov(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

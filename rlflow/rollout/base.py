@@ -3,14 +3,14 @@
 A backend only implements ``_sample`` (token ids in, n sampled responses with per-token
 log-probs out) and ``update_weights``; prompt unpadding, the overflow policy, response ends,
 seeds and the output DataProto are shared (``rlflow.rollout.processing``), so every backend
-returns the same layout. Add a backend with ``@register_rollout("name")`` on its class.
+returns the same layout. Add a backend with ``@ROLLOUT_REGISTRY.register("name")`` on its class.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Optional, TypeVar
+from typing import Any, ClassVar, Iterable, Optional
 
 import torch
 
@@ -143,12 +143,6 @@ class BaseRollout(ABC):
 ROLLOUT_REGISTRY: Registry[type[BaseRollout]] = Registry(
     "rollout backend", "rollout.name", error=ConfigError, base=BaseRollout
 )
-R = TypeVar("R", bound=type[BaseRollout])
-
-
-def register_rollout(name: str) -> Callable[[R], R]:
-    """Class decorator: make a ``BaseRollout`` subclass available as ``rollout.name: <name>``."""
-    return ROLLOUT_REGISTRY.register(name)
 
 
 def rollout_names() -> list[str]:

@@ -58,7 +58,7 @@ class ServiceAppConfig:
 
 def _service_choices() -> list[Choice]:
     """Every choice key of the service's config."""
-    return [Choice("trainer.device", DEVICES), *rollout_choices(), *mounted_engine_choices(ENGINE_MOUNTS)]
+    return [Choice("trainer.device", DEVICES, "device"), *rollout_choices(), *mounted_engine_choices(ENGINE_MOUNTS)]
 
 
 def _check_service(config: DictConfig) -> None:

@@ -9,6 +9,7 @@ line, and that no Ray session was started.
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 import time
@@ -18,9 +19,11 @@ from pathlib import Path
 import pytest
 from one_line_errors import one_line_error
 
+from rlflow.config.loading.choices import Choice
 from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.engines.config import HFModuleEngineConfig
 from rlflow.errors import UserError
+from rlflow.observability.tracking import TRACKER_REGISTRY
 from rlflow.trainer.entry_points import (
     PPO_ENGINE_MOUNTS,
     PPO_ENTRY,
@@ -58,14 +61,35 @@ def _one_line_error(compose, overrides: list[str]) -> str:
     return message
 
 
+def _one_format(key: str) -> re.Pattern:
+    """The unknown-name text of every choice, registry or table: ``unknown <kind> '<value>' (config key <key>); registered: ...``."""
+    return re.compile(rf"unknown [\w -]+ '{BAD}' \(config key {re.escape(key)}\); registered: \S")
+
+
 @pytest.mark.parametrize("key", [choice.key for choice in PPO_ENTRY.choices()])
 def test_misspelled_ppo_choice_names_its_key(key):
-    assert key in _one_line_error(compose_ppo_config, [_misspelled(key)])
+    message = _one_line_error(compose_ppo_config, [_misspelled(key)])
+    assert _one_format(key).match(message), message
 
 
 @pytest.mark.parametrize("key", [choice.key for choice in SFT_ENTRY.choices()])
 def test_misspelled_sft_choice_names_its_key(key):
-    assert key in _one_line_error(compose_sft_config, [_misspelled(key)])
+    message = _one_line_error(compose_sft_config, [_misspelled(key)])
+    assert _one_format(key).match(message), message
+
+
+def test_a_table_choice_and_a_registry_choice_read_alike():
+    table = _one_line_error(compose_ppo_config, [f"actor.engine.dtype={BAD}"])
+    registry = _one_line_error(compose_ppo_config, [f"algorithm.adv_estimator={BAD}"])
+    assert table == f"unknown dtype '{BAD}' (config key actor.engine.dtype); registered: bf16, bfloat16, float16, float32, fp16, fp32"
+    assert registry.startswith(f"unknown advantage estimator '{BAD}' (config key algorithm.adv_estimator); registered: gae, ")
+
+
+def test_a_choice_names_a_kind_exactly_when_it_checks_a_table():
+    with pytest.raises(TypeError, match="give a kind for a table of names"):
+        Choice("x.y", ("a", "b"))
+    with pytest.raises(TypeError, match="none for a registry"):
+        Choice("x.y", TRACKER_REGISTRY, "tracker")
 
 
 def test_defaults_and_legal_variants_pass():

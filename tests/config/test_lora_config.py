@@ -29,8 +29,8 @@ def test_lora_on_an_engine_without_it_is_refused(compose, mount):
 @pytest.mark.parametrize("overrides,words", [
     (["rollout.lora_sync=adapter"], "needs a LoRA actor"),
     (["rollout=hf", "actor.engine.lora.rank=8", "rollout.lora_sync=adapter"], "merged weights only"),
-    (["actor.engine.lora.rank=8", "rollout.lora_sync=adapters"], "choose one of adapter, merged"),
-    (["actor.engine.lora.rank=8", "actor.engine.lora.parts=[mlp,embedding]"], "choose one of attention, mlp, unembedding"),
+    (["actor.engine.lora.rank=8", "rollout.lora_sync=adapters"], "unknown LoRA sync mode 'adapters' (config key rollout.lora_sync); registered: adapter, merged"),
+    (["actor.engine.lora.rank=8", "actor.engine.lora.parts=[mlp,embedding]"], "unknown LoRA part 'embedding' (config key actor.engine.lora.parts); registered: attention, mlp, unembedding"),
     (["actor.engine.lora.rank=-1"], "lora.rank=-1"),
     (["actor.engine.lora.rank=8", "actor.engine.lora.alpha=0"], "lora.alpha=0.0"),
 ])
