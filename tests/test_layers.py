@@ -3,6 +3,7 @@
 Every ``import`` / ``from ... import`` in ``rlflow/`` is read with ``ast`` (those inside functions,
 the lazy ones, included), as are ``importlib.import_module("rlflow...")`` calls with a literal name.
 A package may import packages of a lower tier, and in its own tier only the ones listed before it.
+Inside ``rlflow/engines/common`` the rooms follow the same rule (``ENGINE_ROOMS``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ TIERS: list[list[str]] = [
     ["roles"],
     ["trainer", "service"],
 ]
+# rlflow/engines/common, lowest first (docs/layout.md, "Inside engines"): each room imports only rooms before it
+ENGINE_ROOMS = ["distributed", "optim", "batching", "forward", "checkpoint", "bases", "fsdp"]
+ENGINE_BASES = ("delegating_engine", "module_engine")
 ORDER = {name: index for index, name in enumerate(name for tier in TIERS for name in tier)}
 TIER = {name: tier_index for tier_index, tier in enumerate(TIERS) for name in tier}
 
@@ -98,3 +102,28 @@ def test_the_walker_sees_lazy_and_importlib_imports():
         "import importlib\nimportlib.import_module('rlflow.roles.actor')\n"
     )
     assert [name for _, name in _imported_rlflow_modules(tree)] == ["rlflow.trainer", "rlflow.roles.actor"]
+
+
+def _engine_room(parts: tuple[str, ...]) -> str:
+    """The room of a module of rlflow/engines/common, from its path parts below ``common``."""
+    name = parts[0].removesuffix(".py")
+    return "bases" if name in ENGINE_BASES else name
+
+
+def test_engine_rooms_import_only_earlier_rooms():
+    common = PACKAGE_ROOT / "engines" / "common"
+    modules = [p for p in common.iterdir() if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())]
+    assert {_engine_room(p.relative_to(common).parts) for p in modules} == set(ENGINE_ROOMS)
+    bad = []
+    for path in sorted(common.rglob("*.py")):
+        source = _engine_room(path.relative_to(common).parts)
+        if source == "__init__.py":
+            continue
+        for line, module in _imported_rlflow_modules(ast.parse(path.read_text())):
+            parts = tuple(module.split("."))
+            if parts[:3] != ("rlflow", "engines", "common") or len(parts) < 4:
+                continue
+            target = _engine_room(parts[3:])
+            if ENGINE_ROOMS.index(target) > ENGINE_ROOMS.index(source):
+                bad.append(f"{path.relative_to(PACKAGE_ROOT.parent)}:{line} -> {module} ({source} may not import {target})")
+    assert bad == []

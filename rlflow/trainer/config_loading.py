@@ -9,7 +9,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from rlflow.config import ConfigError, validate_config
 from rlflow.config.schema import PPOConfig, SFTConfig
-from rlflow.engines.common.lora import check_adapter_folder
+from rlflow.engines.common.forward.lora import check_adapter_folder
 from rlflow.engines.config import EngineConfigError, config_from_mapping
 from rlflow.engines.registry import EngineRegistry
 from rlflow.rollout import ROLLOUT_REGISTRY

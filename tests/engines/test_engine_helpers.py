@@ -11,10 +11,10 @@ from torch._dynamo.testing import CompileCounter
 
 import ddp_engine  # noqa: F401  (registers test_ddp)
 from rlflow.engines import EngineConfigError, build_engine
-from rlflow.engines.common import checkpointing as ckpt
-from rlflow.engines.common.layer_compile import compile_layer_forward
-from rlflow.engines.common.offload import HOST, HostOffload
-from rlflow.engines.common.optimizer_step import OptimizerStepper
+from rlflow.engines.common.checkpoint import checkpointing as ckpt
+from rlflow.engines.common.fsdp.layer_compile import compile_layer_forward
+from rlflow.engines.common.optim.offload import HOST, HostOffload
+from rlflow.engines.common.optim.optimizer_step import OptimizerStepper
 from rlflow.engines.config import EngineConfig, LRSchedulerConfig, OptimizerConfig
 from rlflow.errors import CheckpointError
 from rlflow.utils.seed import set_seed

@@ -13,14 +13,14 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from engine_testlib import build_test_model
 from rlflow.engines import BaseEngine, EngineConfigError, EngineRegistry, build_engine, get_engine_cls
-from rlflow.engines.common import checkpointing as ckpt
-from rlflow.engines.common.hf_export import write_hf_folder
-from rlflow.engines.common.logprob import chunked_log_probs
-from rlflow.engines.common.models import get_model_kind
-from rlflow.engines.common.lr_schedulers import LR_SCHEDULE_REGISTRY, LRSchedule, register_lr_schedule
-from rlflow.engines.common.micro_batching import plan_micro_batches
-from rlflow.engines.common.optimizers import build_adamw, clean_param_name, no_decay_names
-from rlflow.engines.common.packing import first_fit_rows, make_token_stream, row_width
+from rlflow.engines.common.batching.micro_batching import plan_micro_batches
+from rlflow.engines.common.batching.packing import first_fit_rows, make_token_stream, row_width
+from rlflow.engines.common.checkpoint import checkpointing as ckpt
+from rlflow.engines.common.checkpoint.hf_export import write_hf_folder
+from rlflow.engines.common.forward.logprob import chunked_log_probs
+from rlflow.engines.common.forward.models import get_model_kind
+from rlflow.engines.common.optim.lr_schedulers import LR_SCHEDULE_REGISTRY, LRSchedule, register_lr_schedule
+from rlflow.engines.common.optim.optimizers import build_adamw, clean_param_name, no_decay_names
 from rlflow.engines.config import (
     ADAMW_IMPLEMENTATIONS,
     EngineConfig,
