@@ -5,7 +5,8 @@ the lazy ones, included), as are ``importlib.import_module("rlflow...")`` calls 
 A package may import packages of a lower tier, and in its own tier only the ones listed before it;
 the packages of a ``frozenset`` tier import none of each other (the drivers and the service share
 nothing but lower tiers). A package is a top-level one (``rlflow/<name>``) or a dotted subpackage
-named in ``TIERS`` (``config.loading``), which is then a layer of its own.
+named in ``TIERS`` (``config.loading``), which is then a layer of its own. Inside
+``rlflow/engines/common`` the rooms follow the same rule (``ENGINE_ROOMS``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ TIERS: list[Tier] = [
 ]
 ORDER = {name: index for index, name in enumerate(name for tier in TIERS
                                                    for name in (sorted(tier) if isinstance(tier, frozenset) else tier))}
+# rlflow/engines/common, lowest first (docs/layout.md, "Inside engines"): each room imports only rooms before it
+ENGINE_ROOMS = ["distributed", "optim", "batching", "forward", "checkpoint", "bases", "fsdp"]
+ENGINE_BASES = ("delegating_engine", "module_engine")
 TIER = {name: tier_index for tier_index, tier in enumerate(TIERS) for name in tier}
 SIBLINGS_ONLY_BELOW = {name for tier in TIERS if isinstance(tier, frozenset) for name in tier}
 
@@ -223,3 +227,28 @@ def test_the_circle_finder_sees_a_circle_closed_by_a_lazy_import():
         "rlflow.d": "from rlflow import a\n",
     }
     assert import_circles(import_graph(sources)) == [["rlflow.a", "rlflow.b", "rlflow.c"]]
+
+
+def _engine_room(parts: tuple[str, ...]) -> str:
+    """The room of a module of rlflow/engines/common, from its path parts below ``common``."""
+    name = parts[0].removesuffix(".py")
+    return "bases" if name in ENGINE_BASES else name
+
+
+def test_engine_rooms_import_only_earlier_rooms():
+    common = PACKAGE_ROOT / "engines" / "common"
+    modules = [p for p in common.iterdir() if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())]
+    assert {_engine_room(p.relative_to(common).parts) for p in modules} == set(ENGINE_ROOMS)
+    bad = []
+    for path in sorted(common.rglob("*.py")):
+        source = _engine_room(path.relative_to(common).parts)
+        if source == "__init__.py":
+            continue
+        for line, module in _imported_rlflow_modules(ast.parse(path.read_text())):
+            parts = tuple(module.split("."))
+            if parts[:3] != ("rlflow", "engines", "common") or len(parts) < 4:
+                continue
+            target = _engine_room(parts[3:])
+            if ENGINE_ROOMS.index(target) > ENGINE_ROOMS.index(source):
+                bad.append(f"{path.relative_to(PACKAGE_ROOT.parent)}:{line} -> {module} ({source} may not import {target})")
+    assert bad == []

@@ -38,7 +38,7 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator, Optional
 
 import torch
 
-from rlflow.engines.common.hf_module import hf_named_tensors
+from rlflow.engines.common.forward.hf_module import hf_named_tensors
 from rlflow.engines.config import EngineConfig, EngineConfigError, StepHyperparams
 from rlflow.protocol import DataProto
 

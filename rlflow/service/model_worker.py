@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from rlflow.engines.common.lora_export import merged_peft_folder
+from rlflow.engines.common.checkpoint.lora_export import merged_peft_folder
 from rlflow.engines.config import StepHyperparams
 from rlflow.models.hf_checkpoint import resolve_dtype, safetensors_weights
 from rlflow.protocol import DataProto

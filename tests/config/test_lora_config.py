@@ -12,7 +12,7 @@ from one_line_errors import one_line_error
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlflow.data.tasks.corpus import tokenizer_corpus
-from rlflow.engines.common.lora import target_module_names
+from rlflow.engines.common.forward.lora import target_module_names
 from rlflow.engines.config import EngineConfigError, LoRAConfig
 from rlflow.models.presets import build_preset
 from rlflow.trainer.entry_points import compose_ppo_config, compose_sft_config

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlflow.engines.common.hf_export import EXPORT_MARKER, write_hf_folder
+from rlflow.engines.common.checkpoint.hf_export import EXPORT_MARKER, write_hf_folder
 from rlflow.errors import CheckpointError, UserError
 from rlflow.trainer.checkpoint import CheckpointManager
 from rlflow.trainer.fingerprint import DATA_CONTENT_KEY, fingerprint_differences, is_free

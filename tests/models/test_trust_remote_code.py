@@ -13,8 +13,8 @@ import vllm
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
-from rlflow.engines.common.hf_module import load_forward_module
-from rlflow.engines.common.models import get_model_kind
+from rlflow.engines.common.forward.hf_module import load_forward_module
+from rlflow.engines.common.forward.models import get_model_kind
 from rlflow.engines.config import config_from_mapping
 from rlflow.engines.fsdp2 import FSDP2EngineConfig
 from rlflow.models.loading import load_tokenizer

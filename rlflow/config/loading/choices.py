@@ -29,7 +29,7 @@ from rlflow.config import ConfigError
 from rlflow.config.schema import RECOMPUTE_MODES, RESUME_MODES
 from rlflow.data.rl_dataset import RL_TRUNCATION_POLICIES
 from rlflow.data.sft_dataset import SFT_TRUNCATION_POLICIES
-from rlflow.engines.common.lr_schedulers import LR_SCHEDULE_REGISTRY
+from rlflow.engines.common.optim.lr_schedulers import LR_SCHEDULE_REGISTRY
 from rlflow.engines.config import ADAMW_IMPLEMENTATIONS, LORA_PARTS
 from rlflow.models.hf_checkpoint import DTYPES
 from rlflow.models.presets import PRESETS

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.config import ConfigError
-from rlflow.engines.common.lora import check_adapter_folder
+from rlflow.engines.common.forward.lora import check_adapter_folder
 from rlflow.engines.config import EngineConfigError, config_from_mapping
 from rlflow.engines.registry import EngineRegistry, check_engine_model
 

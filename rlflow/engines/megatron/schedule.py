@@ -31,10 +31,10 @@ from megatron.core.distributed import DistributedDataParallel as MegatronDDP
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from rlflow.engines.base import LossFn
-from rlflow.engines.common.forward_backward import MicroBatchMetrics, check_batch
-from rlflow.engines.common.loss_scaling import GlobalCounts, global_counts, global_loss
-from rlflow.engines.common.micro_batching import MicroBatchPlan, plan_micro_batches
-from rlflow.engines.common.packing import TokenStream
+from rlflow.engines.common.batching.micro_batching import MicroBatchPlan, plan_micro_batches
+from rlflow.engines.common.batching.packing import TokenStream
+from rlflow.engines.common.forward.forward_backward import MicroBatchMetrics, check_batch
+from rlflow.engines.common.forward.loss_scaling import GlobalCounts, global_counts, global_loss
 from rlflow.engines.config import EngineConfig
 from rlflow.engines.megatron.parallel import ParallelRanks
 from rlflow.protocol import DataProto

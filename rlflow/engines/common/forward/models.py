@@ -21,9 +21,9 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from rlflow.engines.common.logprob import chunked_log_probs
-from rlflow.engines.common.lora import LoraAdapters
-from rlflow.engines.common.packing import TokenStream
+from rlflow.engines.common.batching.packing import TokenStream
+from rlflow.engines.common.forward.logprob import chunked_log_probs
+from rlflow.engines.common.forward.lora import LoraAdapters
 from rlflow.models.loading import load_causal_lm, load_value_model
 from rlflow.models.value_models import per_token_values, value_model_export_config
 

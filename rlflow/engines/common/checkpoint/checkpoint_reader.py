@@ -21,7 +21,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from rlflow.engines.common.checkpointing import MODEL_OPTIM_DIR
+from rlflow.engines.common.checkpoint.checkpointing import MODEL_OPTIM_DIR
 from rlflow.errors import CheckpointError
 
 __all__ = ["read_model_weights"]

@@ -11,8 +11,9 @@ the model starts as the base model) or from a saved peft adapter folder (``lora.
 ``adapters_disabled`` runs the base model (the reference policy of a LoRA actor) without a
 second copy of the weights.
 
-Names: ``LoraTensorNames`` maps the engine's parameter names to HF names (for merged
-exports, ``lora_merge.py``) and to peft adapter-file names (``base_model.model.<hf module>.lora_A.weight``).
+Names: ``peft_tensor_name`` maps an adapter's parameter name to its peft adapter-file name
+(``base_model.model.<hf module>.lora_A.weight``); the merged and adapter-only exports are
+``checkpoint/lora_export.py``.
 """
 
 from __future__ import annotations

@@ -22,11 +22,11 @@ from typing import Iterable, Iterator, Optional
 import torch
 from torch import nn
 
-from rlflow.engines.common.lora import add_lora_adapters
-from rlflow.engines.common.models import FORWARD_PREFIX, ForwardModule, ModelKind
-from rlflow.engines.common.optimizers import clean_param_name
-from rlflow.engines.common.packing import make_token_stream
-from rlflow.engines.common.prefix_sharing import shared_prefix_stream, shares_prefix
+from rlflow.engines.common.batching.packing import make_token_stream
+from rlflow.engines.common.batching.prefix_sharing import shared_prefix_stream, shares_prefix
+from rlflow.engines.common.forward.lora import add_lora_adapters
+from rlflow.engines.common.forward.models import FORWARD_PREFIX, ForwardModule, ModelKind
+from rlflow.engines.common.optim.optimizers import clean_param_name
 from rlflow.engines.config import EngineConfig, HFModuleEngineConfig
 from rlflow.protocol import DataProto
 from rlflow.utils.seed import set_seed

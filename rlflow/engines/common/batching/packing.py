@@ -43,7 +43,7 @@ from typing import Optional
 
 import torch
 
-from rlflow.engines.common.varlen_sdpa import SDPA_VARLEN, sequence_grid
+from rlflow.engines.common.batching.varlen_sdpa import SDPA_VARLEN, sequence_grid
 from rlflow.utils.device import host_to_device
 
 __all__ = [

@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 
 from rlflow.engines.base import LossFn
-from rlflow.engines.common.loss_scaling import global_counts, global_loss
-from rlflow.engines.common.micro_batching import plan_micro_batches
-from rlflow.engines.common.prefix_sharing import prefix_row_groups, shares_prefix
+from rlflow.engines.common.batching.micro_batching import plan_micro_batches
+from rlflow.engines.common.batching.prefix_sharing import prefix_row_groups, shares_prefix
+from rlflow.engines.common.forward.loss_scaling import global_counts, global_loss
 from rlflow.engines.config import EngineConfig
 from rlflow.protocol import DataProto
 

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
-from rlflow.engines.common.lora import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
-from rlflow.engines.common.models import source_files_to_copy
+from rlflow.engines.common.forward.lora import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from rlflow.engines.common.forward.models import source_files_to_copy
 
 __all__ = ["EXPORT_MARKER", "save_hf_from_export", "write_from_export", "write_hf_folder", "write_peft_adapter_folder"]
 

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 from safetensors.torch import load_file
 
-from rlflow.engines.common.lora import (
+from rlflow.engines.common.forward.lora import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_NAME,
     ADAPTER_WEIGHTS_FILE,
@@ -29,8 +29,8 @@ from rlflow.engines.common.lora import (
     is_adapter_param,
     peft_tensor_name,
 )
-from rlflow.engines.common.models import FORWARD_PREFIX
-from rlflow.engines.common.optimizers import clean_param_name
+from rlflow.engines.common.forward.models import FORWARD_PREFIX
+from rlflow.engines.common.optim.optimizers import clean_param_name
 
 __all__ = ["adapter_tensors", "merged_lora_tensors", "merged_peft_folder"]
 

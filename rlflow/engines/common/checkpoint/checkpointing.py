@@ -44,9 +44,9 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from rlflow.engines.common.models import source_files_to_copy
-from rlflow.engines.common.optimizer_step import OptimizerStepper
-from rlflow.engines.common.optimizers import clean_param_name
+from rlflow.engines.common.forward.models import source_files_to_copy
+from rlflow.engines.common.optim.optimizer_step import OptimizerStepper
+from rlflow.engines.common.optim.optimizers import clean_param_name
 from rlflow.errors import CheckpointError
 from rlflow.utils.durable import fsync_path, fsync_tree
 from rlflow.utils.logging import get_logger

@@ -20,6 +20,7 @@ __all__ = ["DECAYS", "build_adamw", "clean_param_name", "move_optimizer_state", 
 # Param-group key: whether the group's parameters take weight decay (a per-step override applies to those only).
 DECAYS = "decays"
 _WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+_DDP_PREFIX = "module."  # DistributedDataParallel's name for the module it wraps, at the front of every name
 # OptimizerConfig.implementation (one of config.ADAMW_IMPLEMENTATIONS) -> the AdamW arguments that select it
 _KERNEL_ARGS: dict[str, dict[str, Optional[bool]]] = {
     "fused": {"fused": True, "foreach": None},
@@ -29,7 +30,9 @@ _KERNEL_ARGS: dict[str, dict[str, Optional[bool]]] = {
 
 
 def clean_param_name(name: str) -> str:
-    """A parameter name without sharding/checkpoint/compile wrapper components."""
+    """A parameter name without sharding/checkpoint/compile wrapper components (FSDP1, DDP, activation
+    checkpointing, ``torch.compile``)."""
+    name = name.removeprefix(_DDP_PREFIX)
     for part in _WRAPPER_PARTS:
         name = name.replace(part, "")
     return name

@@ -33,7 +33,7 @@ from typing import Optional
 
 import torch
 
-from rlflow.engines.common.packing import TokenStream, grid_fields, real_columns
+from rlflow.engines.common.batching.packing import TokenStream, grid_fields, real_columns
 from rlflow.engines.config import EngineConfig, HFModuleEngineConfig
 from rlflow.protocol import DataProto
 

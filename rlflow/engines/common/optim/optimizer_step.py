@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from rlflow.engines.common.lr_schedulers import LRSchedule
-from rlflow.engines.common.optimizers import DECAYS, use_kernels
+from rlflow.engines.common.optim.lr_schedulers import LRSchedule
+from rlflow.engines.common.optim.optimizers import DECAYS, use_kernels
 from rlflow.engines.config import EngineConfig, StepHyperparams
 from rlflow.utils.logging import get_logger
 
