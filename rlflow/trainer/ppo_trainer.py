@@ -21,12 +21,12 @@ from rlflow.algos import apply_kl_penalty, compute_advantage, get_adv_estimator_
 from rlflow.config import ConfigError
 from rlflow.data.rl_dataset import build_rl_loader
 from rlflow.data.tasks.corpus import tokenizer_corpus
+from rlflow.meta_info import GLOBAL_STEP, METRICS, MINI_BATCH_SIZE, OLD_LOG_PROBS_FROM_UPDATE, SEED, TEMPERATURE, VALIDATE
 from rlflow.models.ensure import ensure_model
 from rlflow.models.loading import load_tokenizer
 from rlflow.observability.tracking import Tracking
 from rlflow.protocol import DataProto
 from rlflow.rewards.manager import RewardManager
-from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE
 from rlflow.rollout import rollout_mismatch_metrics
 from rlflow.trainer.batch_balance import balance_batch
 from rlflow.trainer.checkpoint import CheckpointManager
@@ -178,12 +178,12 @@ class PPOTrainer:
         cfg, roles = self.config, self.roles
         timings: dict[str, float] = {}
         metrics: dict[str, float] = {}
-        prompts.meta_info["global_step"] = step
+        prompts.meta_info[GLOBAL_STEP.name] = step
         with timed("step", timings):
             with timed("gen", timings):
                 batch = roles.rollout.generate_sequences(prompts)
-            metrics.update(batch.meta_info.pop("metrics", {}))
-            batch.meta_info = {"temperature": cfg.rollout.temperature, "global_step": step}
+            metrics.update(METRICS.pop(batch.meta_info))
+            batch.meta_info = {TEMPERATURE.name: cfg.rollout.temperature, GLOBAL_STEP.name: step}
             batch = balance_batch(batch, self.world_size, self.share_prefix)
             with timed("reward", timings):
                 batch.batch["token_level_scores"] = self._score(batch, metrics)
@@ -260,9 +260,9 @@ class PPOTrainer:
     def _greedy_baselines(self, prompts: DataProto, batch: DataProto) -> torch.Tensor:
         """ReMax's baseline: the reward of each prompt's greedy response, matched to the batch rows by uid."""
         greedy_prompts = prompts.select()
-        greedy_prompts.meta_info["validate"] = True
+        greedy_prompts.meta_info[VALIDATE.name] = True
         greedy = self.roles.rollout.generate_sequences(greedy_prompts)
-        greedy.meta_info.pop("metrics", None)
+        METRICS.pop(greedy.meta_info)
         scores, _ = self.reward_manager(greedy)
         by_uid = dict(zip(greedy.non_tensor_batch["uid"].tolist(), scores.sum(-1).tolist()))
         return torch.tensor([by_uid[uid] for uid in batch.non_tensor_batch["uid"].tolist()], dtype=torch.float32)
@@ -278,17 +278,17 @@ class PPOTrainer:
         keys = ACTOR_UPDATE_KEYS + (("ref_log_prob",) if actor_cfg.use_kl_loss else ())
         if old_log_probs_from_update:
             keys = tuple(key for key in keys if key != "old_log_probs")
-        update = batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=["temperature"])
+        update = batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=[TEMPERATURE.name])
         if old_log_probs_from_update:
             update.batch[ROW_INDEX] = torch.arange(len(update))
-            update.meta_info[OLD_LOG_PROBS_FROM_UPDATE] = True
+            update.meta_info[OLD_LOG_PROBS_FROM_UPDATE.name] = True
         mini_batch = actor_cfg.ppo_mini_batch_size * self.config.rollout.n
         step_metrics, guard_metrics = [], {}
         for mini in update.make_iterator(mini_batch, actor_cfg.ppo_epochs, actor_cfg.shuffle, seed=self.config.trainer.seed + step):
             outputs = self.roles.actor.forward_backward(mini)
             optim = self.roles.actor.optim_step()[0]
             guard_metrics = self.guard.check_optim_step("actor", optim["actor/skipped"] > 0)
-            step_metrics.append({**outputs.meta_info["metrics"], **optim})
+            step_metrics.append({**METRICS.read(outputs.meta_info), **optim})
         if old_log_probs_from_update:  # exactly one mini-batch: ``mini`` and ``outputs`` cover the whole batch
             forward = in_batch_order(outputs, mini.batch[ROW_INDEX])
             batch.batch.update(old_log_probs=forward.batch["log_probs"], entropys=forward.batch["entropy"])
@@ -296,8 +296,8 @@ class PPOTrainer:
 
     def _update_critic(self, batch: DataProto, step: int) -> dict[str, float]:
         update = batch.select(batch_keys=ACTOR_UPDATE_KEYS[:5] + ("values", "returns"), non_tensor_batch_keys=[])
-        update.meta_info = {"mini_batch_size": self.config.critic.ppo_mini_batch_size * self.config.rollout.n,
-                            "seed": self.config.trainer.seed + step}
+        update.meta_info = {MINI_BATCH_SIZE.name: self.config.critic.ppo_mini_batch_size * self.config.rollout.n,
+                            SEED.name: self.config.trainer.seed + step}
         metrics = self.roles.critic.update_critic(update)  # its optimizer steps run in the worker: checked together
         return {**metrics, **self.guard.check_optim_steps("critic", int(metrics["critic/optim_steps"]),
                                                           int(metrics["critic/trailing_skipped_steps"]))}
@@ -308,9 +308,9 @@ class PPOTrainer:
         start = time.perf_counter()
         outputs, results = [], []
         for prompts in self.val_loader:
-            prompts.meta_info.update(validate=True, global_step=0)
+            prompts.meta_info.update({VALIDATE.name: True, GLOBAL_STEP.name: 0})
             generated = self.roles.rollout.generate_sequences(prompts)
-            generated.meta_info.pop("metrics", None)
+            METRICS.pop(generated.meta_info)
             generated.batch["token_level_scores"], _, batch_results = self.reward_manager.score_with_results(generated)
             outputs.append(generated)
             results.extend(batch_results)
