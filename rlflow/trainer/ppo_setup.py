@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Optional
 
 from omegaconf import DictConfig, open_dict
-from transformers import PreTrainedTokenizerBase
 
 from rlflow.algos import KLController, get_kl_controller
 from rlflow.config import ConfigError
@@ -45,7 +44,6 @@ class PPOSetup:
     config: DictConfig
     plan: RunPlan
     model_path: Path
-    tokenizer: PreTrainedTokenizerBase
     train_loader: BatchLoader
     val_loader: Optional[BatchLoader]
     total_steps: int
@@ -79,7 +77,7 @@ def prepare_run(config: DictConfig) -> PPOSetup:
     logger.info("old log-probs: %s", "from the update's forward (exactly on-policy)" if plan.old_log_probs_from_update
                 else f"a separate forward pass ({plan.recompute_reason})")
     set_seed(config.trainer.seed)
-    return PPOSetup(config, plan, model_path, tokenizer, train_loader, val_loader, total_steps, reward_manager, scorer,
+    return PPOSetup(config, plan, model_path, train_loader, val_loader, total_steps, reward_manager, scorer,
                     guard, kl_ctrl, checkpoints)
 
 

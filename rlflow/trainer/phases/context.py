@@ -39,25 +39,27 @@ class RunPlan:
     use_ref: bool  # a KL penalty in the reward or a KL loss: a reference computes ``ref_log_prob``
     needs_greedy_baseline: bool  # the estimator takes reward baselines (ReMax): a greedy generate per step
     share_prefix: bool  # some role's engine shares prompt prefixes: balance keeps uid groups on one rank
-    old_log_probs_from_update: bool  # an updating step takes its old log-probs from the update's forward
     world_size: int  # worker processes of the run
     recompute_reason: Optional[str]  # why the old log-probs need their own forward pass (None: they need not)
+
+    @property
+    def old_log_probs_from_update(self) -> bool:
+        """Whether an updating step takes its old log-probs from the update's forward (``old_log_probs.py``)."""
+        return self.recompute_reason is None
 
     @classmethod
     def from_config(cls, config: DictConfig, model_path: Optional[str | Path]) -> "RunPlan":
         """The plan of a validated ``ppo_trainer`` config; ``model_path`` is checked for dropout
         (``old_log_probs.recompute_reason``)."""
         algo = config.algorithm
-        reason = recompute_reason(config, model_path)
         return cls(
             use_critic=_estimator_takes(algo.adv_estimator, "values"),
             use_ref=bool(algo.use_kl_in_reward or config.actor.use_kl_loss),
             needs_greedy_baseline=_estimator_takes(algo.adv_estimator, "reward_baselines"),
             share_prefix=any(OmegaConf.select(config, f"{role}.engine.share_prefix", default=False)
                              for role in ("actor", "critic", "ref")),
-            old_log_probs_from_update=reason is None,
             world_size=config.trainer.nnodes * config.trainer.n_procs_per_node,
-            recompute_reason=reason,
+            recompute_reason=recompute_reason(config, model_path),
         )
 
 
