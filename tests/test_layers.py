@@ -22,7 +22,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "rlflow"
 # Lowest tier first; inside a list tier, a package may import the ones listed before it.
 Tier = Union[list, frozenset]
 TIERS: list[Tier] = [
-    ["errors", "utils", "protocol", "config"],
+    ["errors", "utils", "protocol", "meta_info", "config"],
     ["workers", "models", "data", "rewards", "algos"],
     ["engines", "rollout", "observability"],
     ["roles"],

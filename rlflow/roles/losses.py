@@ -16,13 +16,9 @@ import torch
 
 from rlflow.algos import agg_loss, compute_value_loss, get_policy_loss_fn, kl_penalty, masked_mean
 from rlflow.engines.base import LossContext, LossFn
+from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import response_length, response_slice, state_values_slice
-
-# ``meta_info`` flag of an on-policy update batch: its old log-probs are the update forward's own
-# (detached), so the batch carries no ``old_log_probs`` (docs/algorithms.md, "Old log-probs").
-OLD_LOG_PROBS_FROM_UPDATE = "old_log_probs_from_update"
-
 
 def global_batch_info(ctx: LossContext) -> dict[str, int]:
     """``agg_loss`` keyword arguments for global normalization."""
@@ -37,7 +33,7 @@ def make_policy_loss_fn(actor_config: Any) -> LossFn:
     """PPO-family policy loss (``actor.policy_loss.loss_mode``) + entropy bonus + optional KL loss.
 
     The old log-probs are ``micro.batch["old_log_probs"]``, or the detached current ones when
-    ``micro.meta_info[OLD_LOG_PROBS_FROM_UPDATE]`` is set. Entropy, when the engine computed it,
+    ``OLD_LOG_PROBS_FROM_UPDATE`` (``rlflow.meta_info``) is set in ``micro.meta_info``. Entropy, when the engine computed it,
     is reported as ``actor/entropy`` and enters the loss only with a non-zero ``entropy_coeff``.
     """
     policy_loss = get_policy_loss_fn(actor_config.policy_loss.loss_mode)
@@ -50,7 +46,7 @@ def make_policy_loss_fn(actor_config: Any) -> LossFn:
         log_prob = response_slice(outputs["log_probs"], length)
         info = global_batch_info(ctx)
         loss_config = WithGlobalBatchInfo(plain_config, info)
-        on_policy = micro.meta_info.get(OLD_LOG_PROBS_FROM_UPDATE, False)
+        on_policy = OLD_LOG_PROBS_FROM_UPDATE.read(micro.meta_info)
         old_log_prob = log_prob.detach() if on_policy else micro.batch["old_log_probs"]
         pg_loss, metrics = policy_loss(old_log_prob, log_prob, micro.batch["advantages"], mask, agg_mode, loss_config)
         loss = pg_loss

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from rlflow.meta_info import METRICS
 from rlflow.protocol import DataProto, DataProtoError
 from rlflow.utils.partition import balanced_partition
 from rlflow.workers import DISPATCH_MODE_REGISTRY, DispatchContext, DispatchMode, reduce_metrics
@@ -75,7 +76,7 @@ class DPBalancedTokens(DispatchMode):
         position[order] = np.arange(len(order))  # where each input row went
         rows = (position[: ctx.state["rows"], None] * per_row + np.arange(per_row)).reshape(-1)
         restored = merged[rows]
-        metrics = [p.meta_info["metrics"] for p in parts if isinstance(p.meta_info.get("metrics"), dict)]
+        metrics = [p.meta_info[METRICS.name] for p in parts if isinstance(p.meta_info.get(METRICS.name), dict)]
         if metrics:
-            restored.meta_info["metrics"] = reduce_metrics(metrics, ctx.reduce)
+            restored.meta_info[METRICS.name] = reduce_metrics(metrics, ctx.reduce)
         return restored

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Iterable, Optional
 import torch
 
 from rlflow.config.validation import ConfigError
+from rlflow.meta_info import GLOBAL_STEP
 from rlflow.models.loading import load_tokenizer
 from rlflow.protocol import DataProto
 from rlflow.rollout.processing import (
@@ -61,7 +62,7 @@ class BaseRollout(ABC):
     def generate(self, prompts: DataProto, sampling: Any = None) -> DataProto:
         """``sampling.n`` responses per prompt row; ``sampling`` defaults to the config's training keys.
 
-        ``prompts.meta_info["global_step"]`` (default 0) enters the seeds, so each step samples
+        ``GLOBAL_STEP`` in ``prompts.meta_info`` (default 0) enters the seeds, so each step samples
         afresh and a rerun with the same seed reproduces every step.
         """
         if not self._weights_valid:
@@ -76,7 +77,7 @@ class BaseRollout(ABC):
         )
         seed_key = None
         if params.seed is not None:
-            seed_key = (int(params.seed), int(prompts.meta_info.get("global_step", 0)), self.replica_rank)
+            seed_key = (int(params.seed), GLOBAL_STEP.read(prompts.meta_info), self.replica_rank)
         responses, log_probs = self._sample(tokens, params, seed_key)
         end = ResponseEnd(self.end_token_ids(params), params.stop, self.tokenizer)
         responses, log_probs = cut_responses(responses, log_probs, end)

@@ -23,6 +23,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 
+from rlflow.meta_info import METRICS
 from rlflow.protocol import DataProto, DataProtoError
 from rlflow.utils.registry import Registry
 from rlflow.workers.mesh import MeshTable
@@ -189,9 +190,9 @@ def _merge_dataprotos(ctx: DispatchContext, parts: list[DataProto]) -> DataProto
                 f"of {chunk_len}; with padding, each rank must return k rows per input row, in input order"
             )
         merged = merged.unpad(pad_size * rows_per_input)
-    metrics = [p.meta_info["metrics"] for p in parts if isinstance(p.meta_info.get("metrics"), dict)]
+    metrics = [p.meta_info[METRICS.name] for p in parts if isinstance(p.meta_info.get(METRICS.name), dict)]
     if metrics:
-        merged.meta_info["metrics"] = reduce_metrics(metrics, ctx.reduce)
+        merged.meta_info[METRICS.name] = reduce_metrics(metrics, ctx.reduce)
     return merged
 
 

@@ -1,7 +1,7 @@
 """Reducing per-rank metrics dicts into one dict at the controller.
 
 Convention: a worker method returns metrics as a flat ``{name: value}`` dict (or puts one in
-``DataProto.meta_info["metrics"]``). A value is a number, a 0-d tensor, or a list / 1-D
+``DataProto.meta_info`` under ``rlflow.meta_info.METRICS``). A value is a number, a 0-d tensor, or a list / 1-D
 tensor / array of numbers. The method's ``@register(reduce=...)`` names how the values of
 all collected ranks are combined: one op for every key (``reduce="mean"``) or per key
 (``reduce={"grad_norm": "max", "n_tokens": "sum"}``, unlisted keys use ``mean``). List

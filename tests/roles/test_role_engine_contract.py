@@ -16,12 +16,13 @@ import torch
 
 from rlflow.algos import get_policy_loss_fn
 from rlflow.engines import EngineMesh, LossContext
+from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE, TEMPERATURE
 from rlflow.protocol import DataProto
 from rlflow.roles.actor import Actor
 from rlflow.roles.actor_rollout_ref import ActorRolloutRef
 from rlflow.roles.critic import Critic
 from rlflow.roles.engine_role import response_log_probs
-from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, make_policy_loss_fn
+from rlflow.roles.losses import make_policy_loss_fn
 from rlflow.roles.reward_model import RewardModel
 
 PROMPT, RESPONSE, ROWS = 3, 4, 2
@@ -154,7 +155,7 @@ def test_on_policy_loss_takes_the_detached_current_log_probs_as_old():
     log_probs = (-torch.rand(ROWS, PROMPT + RESPONSE)).requires_grad_()
     entropy = torch.rand(ROWS, PROMPT + RESPONSE, requires_grad=True)
     ctx = LossContext(global_num_tokens=ROWS * RESPONSE, global_num_seqs=ROWS, dp_size=1, num_micro_batches=1, micro_batch_index=0)
-    on_policy = DataProto(dict(data.batch), {}, {OLD_LOG_PROBS_FROM_UPDATE: True})
+    on_policy = DataProto(dict(data.batch), {}, {OLD_LOG_PROBS_FROM_UPDATE.name: True})
     loss, metrics = loss_fn({"log_probs": log_probs, "entropy": entropy}, on_policy, ctx)
     grad, entropy_grad = torch.autograd.grad(loss, [log_probs, entropy], allow_unused=True)
     assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
@@ -194,7 +195,7 @@ def test_actor_forward_backward_hands_back_the_update_forward_per_token_when_on_
     data.batch["advantages"] = torch.randn(ROWS, RESPONSE)
     if not on_policy:
         data.batch["old_log_probs"] = -torch.ones(ROWS, RESPONSE)
-    data.meta_info = {"temperature": 0.7, OLD_LOG_PROBS_FROM_UPDATE: on_policy}
+    data.meta_info = {TEMPERATURE.name: 0.7, OLD_LOG_PROBS_FROM_UPDATE.name: on_policy}
     config = _policy_config()
     collecting = SimpleNamespace(engine=RecordingEngine(True), actor_config=config, loss_fn=make_policy_loss_fn(config))
     out = Actor.forward_backward(collecting, data)

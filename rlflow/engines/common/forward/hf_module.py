@@ -28,6 +28,7 @@ from rlflow.engines.common.forward.lora import add_lora_adapters
 from rlflow.engines.common.forward.models import FORWARD_PREFIX, ForwardModule, ModelKind
 from rlflow.engines.common.optim.optimizers import clean_param_name
 from rlflow.engines.config import EngineConfig, HFModuleEngineConfig
+from rlflow.meta_info import COMPUTE_ENTROPY, TEMPERATURE
 from rlflow.protocol import DataProto
 from rlflow.utils.seed import set_seed
 
@@ -65,9 +66,7 @@ def forward_micro_batch(
     else:
         stream = make_token_stream(ids, mask, positions, remove_padding=config.use_remove_padding,
                                    attn_implementation=attn_implementation, hidden_size=hidden_size)
-    temperature = float(micro.meta_info.get("temperature", 1.0))
-    compute_entropy = bool(micro.meta_info.get("compute_entropy", False))
-    return module(stream.to(device), temperature, compute_entropy)
+    return module(stream.to(device), TEMPERATURE.read(micro.meta_info), COMPUTE_ENTROPY.read(micro.meta_info))
 
 
 def hf_named_tensors(
