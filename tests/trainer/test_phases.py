@@ -24,7 +24,7 @@ from rlflow.meta_info import (GLOBAL_STEP, METRICS, MINI_BATCH_SIZE, OLD_LOG_PRO
 from rlflow.protocol import DataProto
 from rlflow.rollout.processing import build_rollout_output
 from rlflow.rollout.sampling import Sampling
-from rlflow.trainer.config_loading import compose_ppo_config
+from rlflow.trainer.entry_points import compose_ppo_config
 from rlflow.trainer.divergence import DivergenceGuard
 from rlflow.trainer.phases import PhaseContext, RunPlan, StepState, run_step
 from rlflow.trainer.phases.advantages import Advantages
