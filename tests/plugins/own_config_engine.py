@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from rlflow.engines import EngineRegistry, HFModuleEngineConfig, ModuleEngine
+from rlflow.engines import ENGINE_REGISTRY, HFModuleEngineConfig, ModuleEngine
 
 
 @dataclass
@@ -23,7 +23,7 @@ class UserDDPEngineConfig(HFModuleEngineConfig):
     bucket_cap_mb: int = 25
 
 
-@EngineRegistry.register("user_ddp")
+@ENGINE_REGISTRY.register("user_ddp")
 class UserDDPEngine(ModuleEngine):
     """Replicated model, gradients averaged by DDP."""
 

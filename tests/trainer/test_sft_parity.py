@@ -2,7 +2,7 @@
 
 One SFT job (tiny preset, 2-digit addition, seed 0, 16 samples per step in micro-batches of
 4, fp32, sequence packing, 5 steps) runs through the real entry code (``run_sft`` with
-``trainer.launcher=torchrun``) on each engine in ``EngineRegistry.names()``, world size 1 in
+``trainer.launcher=torchrun``) on each engine in ``ENGINE_REGISTRY.names()``, world size 1 in
 the test process and world size 2 in one pair of spawned processes. Every loss curve must match the first engine's at world size 1
 within 1e-4 relative per step, and so must the torchtitan engine's at tensor parallel size 2 and the
 megatron engine's at tensor and at pipeline parallel size 2 (``LAYOUTS``; docs/sft.md explains the
@@ -27,14 +27,14 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from rlflow.data.sft_dataset import build_sft_loader
-from rlflow.engines import EngineRegistry
+from rlflow.engines import ENGINE_REGISTRY
 from rlflow.engines.base import Capability
 from rlflow.models.loading import load_tokenizer
 from rlflow.config.loading.hydra_entry import CONFIG_DIR
 from rlflow.trainer.main_sft import run_sft
 
 ENGINE_YAMLS = Path(CONFIG_DIR) / "engine"
-ENGINES = [name for name in EngineRegistry.names() if (ENGINE_YAMLS / f"{name}.yaml").is_file()]
+ENGINES = [name for name in ENGINE_REGISTRY.names() if (ENGINE_YAMLS / f"{name}.yaml").is_file()]
 WORLD_SIZES = (1, 2)
 STEPS = 5
 RTOL = 1e-4
@@ -82,7 +82,7 @@ LORA_RANK, LORA_ALPHA = 4, 8.0
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LORA_RUNS = {
     f"{engine}/lora": (engine, [f"engine.lora.rank={LORA_RANK}", f"engine.lora.alpha={LORA_ALPHA}"])
-    for engine in ENGINES if Capability.LORA in EngineRegistry.get(engine).capabilities
+    for engine in ENGINES if Capability.LORA in ENGINE_REGISTRY.get(engine).capabilities
 }
 
 

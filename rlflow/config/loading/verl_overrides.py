@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 from rlflow.config import ConfigError
 from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.config.verl_keys import verl_key_message
-from rlflow.engines.registry import EngineRegistry
+from rlflow.engines.registry import ENGINE_REGISTRY
 
 ENTRY_SCHEMAS: dict[str, type] = {"ppo_trainer": PPOConfig, "sft_trainer": SFTConfig}
 
@@ -23,7 +23,7 @@ ENTRY_SCHEMAS: dict[str, type] = {"ppo_trainer": PPOConfig, "sft_trainer": SFTCo
 def _engine_config_classes() -> Iterator[type]:
     """Each engine's config class, imported one at a time: a key the first engines have stops the
     search there, so checking ``actor.engine.micro_batch_size`` never imports Megatron or torchtitan."""
-    return (EngineRegistry.get(name).config_class for name in EngineRegistry.names())
+    return (ENGINE_REGISTRY.get(name).config_class for name in ENGINE_REGISTRY.names())
 
 
 def _has_key(schema: type, parts: list[str]) -> bool:
