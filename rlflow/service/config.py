@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from rlflow.config import ConfigError
 from rlflow.config.schema import ClusterConfig, RolloutConfig
 from rlflow.engines.base import Capability
-from rlflow.engines.registry import EngineRegistry
+from rlflow.engines.registry import EngineRegistry, engines_with
 from rlflow.trainer.config_choices import Choice, engine_choices, rollout_choices
 from rlflow.trainer.config_loading import compose_entry_config, load_entry_config
 from rlflow.trainer.dtype_guard import ppo_dtype_keys
@@ -81,7 +81,7 @@ def _check_service(config: DictConfig) -> None:
                           f"got {service.max_sample_batch}")
     name = str(config.engine.name)
     if Capability.LORA not in EngineRegistry.get(name, config_key="engine.name").capabilities:
-        lora_engines = [engine for engine in EngineRegistry.names() if Capability.LORA in EngineRegistry.get(engine).capabilities]
+        lora_engines = list(engines_with(Capability.LORA))
         raise ConfigError(f"config key 'engine.name': the service trains LoRA adapters and engine {name!r} has none; "
                           f"use one of {lora_engines}")
 
