@@ -1,8 +1,9 @@
-"""A plugin engine whose config class is its own (a subclass of ``EngineConfig``, not of FSDP2's).
+"""A plugin engine whose config class is its own (a subclass of ``HFModuleEngineConfig``, not of FSDP2's).
 
 The engine from docs/engines.md: one replicated module, gradients all-reduced by DDP. It has no
 YAML under rlflow/configs/engine/, so ``engine.name=user_ddp`` composes a node of the command line's
-keys and ``UserDDPEngineConfig`` supplies every other default.
+keys and ``UserDDPEngineConfig`` supplies every other default. The SFT parity suite
+(tests/trainer/test_sft_parity.py) trains with it through ``trainer.plugins``, as a user would.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from rlflow.engines.common.module_engine import ModuleEngine
-from rlflow.engines.config import EngineConfig
+from rlflow.engines.config import HFModuleEngineConfig
 from rlflow.engines.registry import EngineRegistry
 
 
 @dataclass
-class UserDDPEngineConfig(EngineConfig):
-    """The shared engine options plus DDP's bucket size."""
+class UserDDPEngineConfig(HFModuleEngineConfig):
+    """The options of an engine over one HF module, plus DDP's bucket size."""
 
     name: str = "user_ddp"
     bucket_cap_mb: int = 25
