@@ -7,11 +7,12 @@
   declare what a role needs, the default one in ``make test`` and the others in ``make test-full``);
 * ``token_batch``: an RL batch of real token ids (left-padded prompts, right-padded responses);
 * independent references from plain HF models, one unpadded forward per row:
-  ``hf_response_log_probs``, ``hf_token_scores``.
+  ``hf_response_log_probs``, ``hf_token_scores``, and ``assert_response_close`` to compare with them.
 """
 
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,6 +28,7 @@ from rlflow.protocol import DataProto
 from rlflow.trainer.config_loading import compose_ppo_config
 
 PROMPT, RESPONSE, ROWS = 3, 4, 2
+ENGINE_MOUNTS = ("actor", "critic", "ref", "reward.reward_model")
 DEFAULT_ENGINE = "fsdp2"  # every role's engine in rlflow/configs/ppo_trainer.yaml
 TEMPERATURE = 0.7
 ATOL = 1e-5  # fp32 engine vs fp32 HF forward of the same weights: summation order only (fsdp2: 5e-7 measured)
@@ -38,10 +40,14 @@ def engine_params(*needs: Capability) -> list:
             for name in builtin_engines_with(*needs)]
 
 
-def role_config(model: Path, *overrides: str) -> DictConfig:
-    """The validated PPO config of a CPU run on ``model`` with ``overrides`` (micro-batches of 2 rows)."""
-    micro = [f"{mount}.engine.micro_batch_size=2" for mount in ("actor", "critic", "ref", "reward.reward_model")]
-    return compose_ppo_config([f"model.path={model}", "trainer.device=cpu", *micro, *overrides])
+@functools.lru_cache(maxsize=None)
+def role_config(model: Path, engine: str, *overrides: str) -> DictConfig:
+    """The validated PPO config of a CPU run on ``model`` with every role's engine ``engine`` (micro-batches of
+    2 rows, lr 1e-3) and the HF rollout (6 new tokens), plus ``overrides``; composed once per argument list."""
+    engines = [f"{mount}.engine{key}" for mount in ENGINE_MOUNTS
+               for key in (f"={engine}", ".micro_batch_size=2", ".optimizer.lr=1e-3")]
+    return compose_ppo_config([f"model.path={model}", "trainer.device=cpu", "rollout=hf", "data.max_response_length=6",
+                               *engines, *overrides])
 
 
 def rl_batch() -> DataProto:
@@ -105,6 +111,13 @@ def hf_token_scores(model, data: DataProto) -> list[torch.Tensor]:
             hidden = model.model(tokens[None]).last_hidden_state
             scores.append(model.score(hidden)[0, :, 0])
     return scores
+
+
+def assert_response_close(got: torch.Tensor, expected: torch.Tensor, response_mask: torch.Tensor) -> None:
+    """``got`` is ``expected`` within ``ATOL`` on the response tokens and exactly 0 on the response padding."""
+    mask = response_mask.bool()
+    torch.testing.assert_close(got[mask], expected[mask], atol=ATOL, rtol=0)
+    assert not got[~mask].any(), "non-zero outputs on response padding"
 
 
 def prompt_lengths(data: DataProto) -> list[int]:

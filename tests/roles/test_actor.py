@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from roles_testlib import (ATOL, ROWS, RESPONSE, TEMPERATURE, RecordingEngine, engine_params, hf_response_log_probs,
-                           policy_config, rl_batch, role_config, token_batch)
+from roles_testlib import (ATOL, ROWS, RESPONSE, TEMPERATURE, RecordingEngine, assert_response_close, engine_params,
+                           hf_response_log_probs, policy_config, rl_batch, role_config, token_batch)
 
 from rlflow.engines.base import Capability
 from rlflow.protocol import DataProto
@@ -23,7 +23,7 @@ from rlflow.workers.local_group import LocalWorkerGroup
 
 
 def build_actor(models: SimpleNamespace, engine: str, *overrides: str) -> Actor:
-    config = role_config(models.causal, f"actor.engine={engine}", *overrides)
+    config = role_config(models.causal, engine, *overrides)
     return Actor(config.actor, str(models.causal))
 
 
@@ -49,10 +49,8 @@ def test_compute_log_prob_is_the_hf_models_log_prob_and_entropy_of_each_response
     data.meta_info["temperature"] = TEMPERATURE
     out = actor.compute_log_prob(data)
     log_probs, entropy = hf_response_log_probs(hf_causal, data, TEMPERATURE)
-    mask = data.batch["response_mask"].bool()
-    torch.testing.assert_close(out.batch["old_log_probs"][mask], log_probs[mask], atol=ATOL, rtol=0)
-    torch.testing.assert_close(out.batch["entropys"][mask], entropy[mask], atol=ATOL, rtol=0)
-    assert not out.batch["old_log_probs"][~mask].any() and not out.batch["entropys"][~mask].any()
+    assert_response_close(out.batch["old_log_probs"], log_probs, data.batch["response_mask"])
+    assert_response_close(out.batch["entropys"], entropy, data.batch["response_mask"])
 
 
 def test_compute_ref_log_prob_needs_lora_adapters(actor, models):
@@ -61,7 +59,7 @@ def test_compute_ref_log_prob_needs_lora_adapters(actor, models):
 
 
 def test_an_on_policy_update_returns_its_log_probs_reports_its_loss_and_follows_the_advantages(models, engine, worker_env):
-    actor = build_actor(models, engine, "actor.engine.optimizer.lr=1e-3")
+    actor = build_actor(models, engine)
     data = on_policy_batch(1, models.vocab, [1.0, 1.0, -1.0, 1.0, -1.0])
     mask = data.batch["response_mask"].bool()
     before = actor.compute_log_prob(data).batch["old_log_probs"]

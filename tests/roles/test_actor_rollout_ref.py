@@ -22,7 +22,8 @@ def greedy_prompts(vocab: int) -> DataProto:
     """The left-padded prompt half of a token batch, sampled greedily (the validation keys)."""
     data = token_batch(8, vocab)
     width = data.batch["input_ids"].shape[1] - data.batch["responses"].shape[1]
-    prompts = DataProto.from_dict({key: data.batch[key][:, :width] for key in ("input_ids", "attention_mask", "position_ids")})
+    keys = ("input_ids", "attention_mask", "position_ids")
+    prompts = DataProto.from_dict({key: data.batch[key][:, :width] for key in keys})
     prompts.meta_info["validate"] = True
     return prompts
 
@@ -38,8 +39,7 @@ def rollout_vs_actor(worker: ActorRolloutRef, prompts: DataProto) -> tuple[DataP
 
 @pytest.mark.parametrize("engine", engine_params())
 def test_the_rollout_follows_the_actor_only_through_sync_weights(models, engine, worker_env):
-    config = role_config(models.causal, f"actor.engine={engine}", f"ref.engine={engine}", "rollout=hf",
-                         "data.max_response_length=6", "actor.engine.optimizer.lr=1e-2")
+    config = role_config(models.causal, engine)
     worker = ActorRolloutRef(config.actor, config.rollout, str(models.causal), config.ref)
     prompts = greedy_prompts(models.vocab)
     samples, gap = rollout_vs_actor(worker, prompts)

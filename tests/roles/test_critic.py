@@ -16,7 +16,7 @@ ENGINES = engine_params(Capability.VALUE_MODEL)
 
 
 def build_critic(models, engine: str, *overrides: str) -> Critic:
-    config = role_config(models.causal, f"critic.engine={engine}", *overrides)
+    config = role_config(models.causal, engine, *overrides)
     return Critic(config.critic, str(models.value))
 
 
@@ -40,7 +40,7 @@ def test_values_are_the_hf_score_at_the_state_before_each_response_token(critic,
 def test_update_critic_reports_its_value_loss_and_moves_the_values_toward_the_returns(models, engine, worker_env):
     """One step from values 1 below the returns: every token's clipped loss is 0.5 * 1^2, so ``critic/vf_loss``
     is 0.5, and the step closes part of the gap."""
-    critic = build_critic(models, engine, "critic.engine.optimizer.lr=1e-3", "critic.ppo_epochs=1")
+    critic = build_critic(models, engine, "critic.ppo_epochs=1")
     data = token_batch(6, models.vocab, rows=4)
     mask = data.batch["response_mask"]
     data.batch["values"] = critic.compute_values(data).batch["values"]

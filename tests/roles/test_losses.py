@@ -13,7 +13,8 @@ from rlflow.engines import LossContext
 from rlflow.protocol import DataProto
 from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, make_policy_loss_fn
 
-CTX = LossContext(global_num_tokens=ROWS * RESPONSE, global_num_seqs=ROWS, dp_size=1, num_micro_batches=1, micro_batch_index=0)
+CTX = LossContext(global_num_tokens=ROWS * RESPONSE, global_num_seqs=ROWS, dp_size=1, num_micro_batches=1,
+                  micro_batch_index=0)
 
 
 class CountingConfig(dict):

@@ -14,7 +14,7 @@ from rlflow.roles.reward_model import RewardModel, last_token_scores
 
 @pytest.fixture(scope="module", params=engine_params(Capability.VALUE_MODEL))
 def reward_model(request, models, worker_env) -> RewardModel:
-    config = role_config(models.causal, f"reward.reward_model.engine={request.param}")
+    config = role_config(models.causal, request.param)
     return RewardModel(config.reward.reward_model, str(models.value))
 
 

@@ -23,7 +23,7 @@ def sft_batch(seed: int, vocab: int) -> DataProto:
 
 @pytest.fixture(scope="module", params=engine_params())
 def worker(request, models, worker_env) -> SFTWorker:
-    engine = role_config(models.causal, f"actor.engine={request.param}", "actor.engine.optimizer.lr=1e-3").actor.engine
+    engine = role_config(models.causal, request.param).actor.engine
     return SFTWorker(engine, str(models.causal))
 
 
