@@ -40,7 +40,8 @@ from rlflow.trainer.main_sft import run_sft
 from rlflow.utils.plugins import file_module_name
 
 PLUGIN_FILES = (Path(__file__).resolve().parents[1] / "plugins" / "own_config_engine.py",)
-PLUGIN_ENGINES = {name: (plugin, engine_class) for plugin in PLUGIN_FILES for name, engine_class in plugin_engines(plugin).items()}
+PLUGIN_ENGINES = {name: (plugin, engine_class)  # name -> (its plugin file, its class)
+                  for plugin in PLUGIN_FILES for name, engine_class in plugin_engines(plugin).items()}
 ENGINE_CLASSES = {**{name: EngineRegistry.get(name) for name in BUILTIN_ENGINES},
                   **{name: engine_class for name, (_, engine_class) in PLUGIN_ENGINES.items()}}
 ENGINES = list(ENGINE_CLASSES)
@@ -52,8 +53,10 @@ LR, BETAS, EPS, GRAD_CLIP = 1e-3, (0.9, 0.999), 1e-8, 1.0
 
 
 def engine_overrides(engine: str) -> list[str]:
-    """``engine=<name>``, and for a plugin's engine its file in ``trainer.plugins`` (no YAML: its config class's defaults)."""
-    return [f"engine={engine}", *([f"trainer.plugins=[{PLUGIN_ENGINES[engine][0]}]"] if engine in PLUGIN_ENGINES else [])]
+    """``engine=<name>``, and for a plugin's engine its file in ``trainer.plugins`` (no YAML: its config class's
+    defaults)."""
+    plugin = [f"trainer.plugins=[{PLUGIN_ENGINES[engine][0]}]"] if engine in PLUGIN_ENGINES else []
+    return [f"engine={engine}", *plugin]
 
 
 def job_overrides(assets: SFTAssets, engine: str, run_dir: Path) -> list[str]:
