@@ -9,13 +9,13 @@ An engine defined elsewhere is registered by importing its module before ``build
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
-from rlflow.engines.base import BaseEngine
+from rlflow.engines.base import BaseEngine, Capability
 from rlflow.engines.config import EngineConfig, EngineConfigError, config_from_mapping
 from rlflow.utils.registry import PackageDiscovery, Registry
 
-__all__ = ["ENGINE_INFRASTRUCTURE", "ENGINE_REGISTRY", "build_engine", "check_engine_model", "get_engine_cls"]
+__all__ = ["ENGINE_INFRASTRUCTURE", "ENGINE_REGISTRY", "build_engine", "check_engine_model", "engines_with", "get_engine_cls"]
 
 # Modules and packages of rlflow/engines that are shared machinery, not engines.
 ENGINE_INFRASTRUCTURE = ("base", "config", "registry", "common")
@@ -32,6 +32,13 @@ ENGINE_REGISTRY: Registry[type[BaseEngine]] = Registry(
 def get_engine_cls(name: str) -> type[BaseEngine]:
     """The engine class registered as ``name`` (error lists the registered engines)."""
     return ENGINE_REGISTRY.get(name)
+
+
+def engines_with(*needs: Capability, among: Optional[Iterable[str]] = None) -> tuple[str, ...]:
+    """The engines of ``among`` (default: every registered one), in order, whose class declares every
+    capability in ``needs`` (``BaseEngine.capabilities``). Looking at a built-in engine imports it."""
+    names = ENGINE_REGISTRY.names() if among is None else among
+    return tuple(name for name in names if set(needs) <= get_engine_cls(name).capabilities)
 
 
 def build_engine(

@@ -19,7 +19,7 @@ from rlflow.config.loading.dtype_guard import ppo_dtype_keys
 from rlflow.config.loading.entry_point import EntryPoint
 from rlflow.config.schema import ClusterConfig, RolloutConfig
 from rlflow.engines.base import Capability
-from rlflow.engines.registry import ENGINE_REGISTRY
+from rlflow.engines.registry import ENGINE_REGISTRY, engines_with
 from rlflow.utils.device import DEVICES
 
 ENGINE_MOUNTS = ("engine",)
@@ -78,7 +78,7 @@ def _check_service(config: DictConfig) -> None:
                           f"got {service.max_sample_batch}")
     name = str(config.engine.name)
     if Capability.LORA not in ENGINE_REGISTRY.get(name, config_key="engine.name").capabilities:
-        lora_engines = [engine for engine in ENGINE_REGISTRY.names() if Capability.LORA in ENGINE_REGISTRY.get(engine).capabilities]
+        lora_engines = list(engines_with(Capability.LORA))
         raise ConfigError(f"config key 'engine.name': the service trains LoRA adapters and engine {name!r} has none; "
                           f"use one of {lora_engines}")
 
