@@ -46,7 +46,7 @@ def no_row_outputs(engine: BaseEngine, view: DataProto) -> DataProto:
     if engine.model_kind == "value":
         keys = ["values"]
     else:
-        keys = ["log_probs", "entropy"] if view.meta_info.get("compute_entropy") else ["log_probs"]
+        keys = ["log_probs", "entropy"] if COMPUTE_ENTROPY.read(view.meta_info) else ["log_probs"]
     return DataProto.from_dict({key: torch.zeros(0, view.batch["input_ids"].shape[1]) for key in keys})
 
 

@@ -13,7 +13,7 @@ from roles_testlib import StandInEngine, engine_params, role_config, token_batch
 
 from rlflow.protocol import DataProto
 from rlflow.roles.actor_rollout_ref import ActorRolloutRef
-from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE
+from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE
 
 SAME_WEIGHTS = 1e-5  # HF generate (cached decoding) vs the engine's packed forward, fp32 (fsdp2: 5e-7 measured)
 
@@ -47,7 +47,7 @@ def test_the_rollout_follows_the_actor_only_through_sync_weights(models, engine,
     reference = worker.compute_ref_log_prob(samples).batch["ref_log_prob"]
 
     samples.batch["advantages"] = torch.linspace(-1, 1, len(samples))[:, None] * samples.batch["response_mask"]
-    samples.meta_info[OLD_LOG_PROBS_FROM_UPDATE] = True
+    samples.meta_info[OLD_LOG_PROBS_FROM_UPDATE.name] = True
     worker.forward_backward(samples)
     worker.optim_step()
     assert rollout_vs_actor(worker, prompts)[1] > 100 * SAME_WEIGHTS, "before the sync the rollout samples the old policy"
