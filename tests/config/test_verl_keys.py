@@ -88,12 +88,27 @@ def test_in_process_compose_refuses_a_verl_key_and_keeps_shared_names():
     assert compose_ppo_config(["data.train_batch_size=8", "critic.ppo_epochs=2"]).data.train_batch_size == 8
 
 
-def test_cli_names_the_rlflow_key_in_one_line_before_ray(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "rlflow.trainer.main_ppo", "actor_rollout_ref.actor.optim.lr=1e-6"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    expected = ("error: unknown key 'actor_rollout_ref.actor.optim.lr': this is verl's name; "
-                "rlflow's is 'actor.engine.optimizer.lr' (docs/from_verl_keys.md)")
-    assert (result.returncode, result.stderr.strip(), result.stdout) == (2, expected, "")
+def test_every_verl_key_is_listed_in_one_error():
+    with pytest.raises(ConfigError) as raised:
+        compose_ppo_config(["actor_rollout_ref.actor.optim.lr=1e-6", "data.train_batch_size=8",
+                            "actor_rollout_ref.rollout.n=5", "+trainer.balance_batch=true", "--config-name=ppo_megatron_trainer"])
+    lines = str(raised.value).splitlines()
+    assert [line.split("'")[1] for line in lines[:4]] == [
+        "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.rollout.n", "trainer.balance_batch", "--config-name"]
+    assert "actor.engine=megatron ref.engine=megatron" in lines[3]
+    assert lines[4].startswith("4 verl keys or flags above; rlflow-from-verl translates")
+
+
+def test_cli_names_the_rlflow_keys_one_line_each_before_ray(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "rlflow.trainer.main_ppo", "actor_rollout_ref.actor.optim.lr=1e-6",
+                             "critic.optim.lr=1e-5"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    expected = [
+        "error: unknown key 'actor_rollout_ref.actor.optim.lr': this is verl's name; rlflow's is 'actor.engine.optimizer.lr' "
+        "(docs/from_verl_keys.md)",
+        "error: unknown key 'critic.optim.lr': this is verl's name; rlflow's is 'critic.engine.optimizer.lr' (docs/from_verl_keys.md)",
+        "error: 2 verl keys or flags above; rlflow-from-verl translates a whole verl command (docs/from_verl_keys.md)",
+    ]
+    assert (result.returncode, result.stderr.strip().splitlines(), result.stdout) == (2, expected, "")
 
 
 def test_checking_common_engine_keys_imports_no_other_engine():
