@@ -20,6 +20,7 @@ from rlflow.config import ConfigError
 from rlflow.config.loading.choices import Choice, mounted_engine_choices, rollout_choices
 from rlflow.config.loading.dtype_guard import ppo_dtype_keys
 from rlflow.config.loading.entry_point import EntryPoint
+from rlflow.config.loading.rollout_memory import check_rollout_memory
 from rlflow.config.schema import ClusterConfig, RolloutConfig
 from rlflow.engines.base import Capability
 from rlflow.engines.registry import EngineRegistry
@@ -125,7 +126,7 @@ SERVICE_ENTRY = EntryPoint(
     engine_mounts=ENGINE_MOUNTS,
     group_shorthands={"engine": "engine"},  # engine=fsdp picks rlflow/configs/engine/fsdp.yaml
     free_form_mappings=("service.models",),  # service.models.NAME=/folder adds a base model
-    checks=(_check_service,),
+    checks=(_check_service, check_rollout_memory),
     preflight=_preflight,
 )
 

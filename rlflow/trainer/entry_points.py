@@ -24,6 +24,7 @@ from rlflow.config.loading.choices import (
 )
 from rlflow.config.loading.dtype_guard import ppo_dtype_keys, sft_dtype_keys
 from rlflow.config.loading.entry_point import EntryPoint
+from rlflow.config.loading.rollout_memory import check_rollout_memory
 from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.rollout import ROLLOUT_REGISTRY
 from rlflow.trainer.placement import PLACEMENT_REGISTRY
@@ -65,7 +66,7 @@ PPO_ENTRY = EntryPoint(
     engine_mounts=PPO_ENGINE_MOUNTS,
     policy_mounts=("actor.engine",),
     group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
-    checks=(_check_lora_sync,),
+    checks=(_check_lora_sync, check_rollout_memory),
     preflight=preflight_ppo,
 )
 
