@@ -60,6 +60,9 @@ FSDP_ROWS: list[tuple[Optional[str], Optional[str], str]] = [
 ]
 # rlflow engine keys every mount has that no verl key sets.
 RLFLOW_ONLY_ENGINE_KEYS: list[tuple[str, str]] = [
+    ("forward_micro_batch_size", "forward-only passes (log-probs, values, scores); null: micro_batch_size"),
+    ("forward_use_dynamic_bsz", "null: use_dynamic_bsz"),
+    ("forward_max_token_len_per_micro_batch", "null: max_token_len_per_micro_batch"),
     ("attn_implementation", "sdpa | sdpa_varlen | eager | flash_attention_2 | flex_attention"),
     ("logprob_chunk_size", "tokens per chunk of the log-prob computation"),
     ("share_prefix", "compute a prefix rows share (a GRPO group's prompt) once; needs sdpa_varlen"),
@@ -176,7 +179,11 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (f"{ACTOR}checkpoint.save_contents", None, "a checkpoint always holds model, optimizer and extra state"),
         *_micro_batch_rows("actor", ACTOR, "ppo_micro_batch_size_per_gpu"),
         (f"{ACTOR}strategy", "actor.engine.name", "fsdp | fsdp2 | a registered engine"),
-        (f"{ROLLOUT}log_prob_micro_batch_size_per_gpu", "actor.engine.micro_batch_size", "old log-probs come from the actor engine"),
+        (f"{ROLLOUT}log_prob_micro_batch_size_per_gpu", "actor.engine.forward_micro_batch_size",
+         "the actor engine's forward-only passes (old log-probs); null: micro_batch_size"),
+        (f"{ROLLOUT}log_prob_use_dynamic_bsz", "actor.engine.forward_use_dynamic_bsz", "null: use_dynamic_bsz, as verl inherits it"),
+        (f"{ROLLOUT}log_prob_max_token_len_per_gpu", "actor.engine.forward_max_token_len_per_micro_batch",
+         "null: max_token_len_per_micro_batch, as verl inherits ppo_max_token_len_per_gpu"),
     ]),
     ("critic", [
         ("critic.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "rlflow does not inherit the actor's"),
@@ -191,7 +198,9 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         ("critic.model.enable_gradient_checkpointing", "critic.engine.gradient_checkpointing", ""),
         ("critic.model.use_remove_padding", "critic.engine.use_remove_padding", ""),
         ("critic.ppo_micro_batch_size_per_gpu", "critic.engine.micro_batch_size", ""),
-        ("critic.forward_micro_batch_size_per_gpu", "critic.engine.micro_batch_size", "one micro-batch size for forward and update"),
+        ("critic.forward_micro_batch_size_per_gpu", "critic.engine.forward_micro_batch_size", "the values pass; null: micro_batch_size"),
+        ("critic.forward_max_token_len_per_gpu", "critic.engine.forward_max_token_len_per_micro_batch",
+         "null: max_token_len_per_micro_batch"),
         ("critic.use_dynamic_bsz", "critic.engine.use_dynamic_bsz", ""),
         ("critic.ppo_max_token_len_per_gpu", "critic.engine.max_token_len_per_micro_batch", ""),
         ("critic.grad_clip", "critic.engine.optimizer.grad_clip", ""),
