@@ -364,8 +364,9 @@ SFT_SECTIONS: list[tuple[str, list[Row]]] = [
         (None, "data.val_batch_size", "null: train_batch_size"),
         (None, "data.shuffle", ""),
         (None, "data.seed", "shuffling seed"),
-        ("data.prompt_dict_keys", None, "prompt_key names a column holding a string or a message list"),
-        ("data.response_dict_keys", None, "response_key names a string column"),
+        ("data.prompt_dict_keys", "data.prompt_key", "a dotted path: prompt_key=extra_info with prompt_dict_keys=[question] "
+                                                     "is data.prompt_key=extra_info.question"),
+        ("data.response_dict_keys", "data.response_key", "a dotted path: data.response_key=extra_info.answer"),
         ("data.chat_template", None, "set chat_template in the tokenizer folder"),
         ("data.custom_cls.path", None, "no custom dataset class"),
         ("data.balance_dp_token", None, "the loss is a token mean over the whole global batch"),
