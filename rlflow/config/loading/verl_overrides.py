@@ -35,25 +35,39 @@ def _engine_config_classes() -> Iterator[type]:
     return (EngineRegistry.get(name).config_class for name in EngineRegistry.names())
 
 
-def _has_key(schema: type, parts: list[str]) -> bool:
-    """Whether the dotted key ``parts`` exists under the dataclass ``schema`` (an ``Any`` field: an engine node)."""
+_MISSING = object()
+
+
+def _field_type(schema: type, parts: list[str]) -> Any:
+    """The annotated type of the dotted key ``parts`` under the dataclass ``schema`` (an ``Any`` field: an engine
+    node, searched in each engine's config class); ``Any`` under a free-form mapping; ``_MISSING`` if no such key."""
     if not parts:
-        return True
+        return schema
     fields = {f.name: f for f in dataclasses.fields(schema)}
     if parts[0] not in fields:
-        return False
+        return _MISSING
     kind = typing.get_type_hints(schema)[parts[0]]
     rest = parts[1:]
-    if kind is Any:
-        return not rest or any(_has_key(config, rest) for config in _engine_config_classes())
+    if kind is Any and rest:
+        return next((found for config in _engine_config_classes() if (found := _field_type(config, rest)) is not _MISSING),
+                    _MISSING)
     if dataclasses.is_dataclass(kind):
-        return _has_key(kind, rest)
-    return not rest or typing.get_origin(kind) is dict  # a free-form mapping takes any sub-key
+        return _field_type(kind, rest)
+    if not rest:
+        return kind
+    return Any if typing.get_origin(kind) is dict else _MISSING  # a free-form mapping takes any sub-key
+
+
+def field_type(entry: str, key: str) -> Any:
+    """The type rlflow's schema declares for the dotted ``key`` of ``entry`` (``ppo_trainer`` / ``sft_trainer``);
+    None when it has no such key."""
+    found = _field_type(ENTRY_SCHEMAS[entry], key.split("."))
+    return None if found is _MISSING else found
 
 
 def is_rlflow_key(entry: str, key: str) -> bool:
     """Whether ``key`` (dotted) is a key of ``entry``'s schema (``ppo_trainer`` or ``sft_trainer``)."""
-    return _has_key(ENTRY_SCHEMAS[entry], key.split("."))
+    return field_type(entry, key) is not None
 
 
 def override_key(arg: str) -> str | None:
