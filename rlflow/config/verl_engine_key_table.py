@@ -56,8 +56,9 @@ FSDP_ROWS: list[Row] = [
     (None, "sharding_strategy", "fsdp engine only: FULL_SHARD | SHARD_GRAD_OP | NO_SHARD"),
     ("fsdp_size", "hybrid_replicate_size", "inverse view: verl names the shard group size, rlflow the number of "
                                            "replicas (HSDP, fsdp2 engine); world = replicas x shard size"),
-    ("wrap_policy.min_num_params", "wrap_layer_classes", "rlflow wraps by class (default: the model's "
-                                                          "_no_split_modules), not by parameter count"),
+    ("wrap_policy.min_num_params", None, "rlflow wraps by class (<engine>.wrap_layer_classes; default: the model's "
+                                         "_no_split_modules), not by parameter count"),
+    (None, "wrap_layer_classes", "classes sharded one unit per instance; []: the model's _no_split_modules"),
     ("seed", "seed", "rank r uses seed + r"),
     ("offload_policy", None, "param_offload / optimizer_offload"),
     ("use_orig_params", None, "the fsdp engine always uses use_orig_params=True"),

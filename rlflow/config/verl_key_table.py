@@ -310,7 +310,7 @@ SFT_SECTIONS: list[tuple[str, list[Row]]] = [
         ("model.fsdp_config.model_dtype", "engine.dtype", ""),
         ("model.fsdp_config.offload_params", "engine.param_offload", ""),
         ("model.fsdp_config.cpu_offload", "engine.optimizer_offload", ""),
-        ("model.fsdp_config.wrap_policy.min_num_params", "engine.wrap_layer_classes", "by class, not by size"),
+        ("model.fsdp_config.wrap_policy.min_num_params", None, "rlflow wraps by class (engine.wrap_layer_classes), not by size"),
         ("model.lora_rank", "engine.lora.rank", ""),
         ("model.lora_alpha", "engine.lora.alpha", ""),
         ("model.target_modules", "engine.lora.target_modules", "all-linear or module names"),

@@ -8,6 +8,7 @@ test checks the two agree.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 from rlflow.config.verl_engine_key_table import (
@@ -41,14 +42,19 @@ VERL_ONLY_SECTIONS: dict[str, dict[str, str]] = {
 }
 
 
-def rows(entry: str) -> list[Row]:
-    """Every row of ``entry``'s table (``ppo_trainer`` or ``sft_trainer``), the engine rows of each mount
-    included; an rlflow-only row is left out when another row maps a verl key to the same rlflow key."""
+@functools.lru_cache(maxsize=None)
+def _rows(entry: str) -> tuple[Row, ...]:
     sections, mounts = TABLES[entry]
     every = [row for _, section in sections for row in section] + RUN_ROWS
     every += [row for mount in mounts for row in engine_rows(mount)]
     mapped = {ours for verl, ours, _ in every if verl is not None}
-    return list(dict.fromkeys(row for row in every if row[0] is not None or row[1] not in mapped))
+    return tuple(dict.fromkeys(row for row in every if row[0] is not None or row[1] not in mapped))
+
+
+def rows(entry: str) -> list[Row]:
+    """Every row of ``entry``'s table (``ppo_trainer`` or ``sft_trainer``), the engine rows of each mount
+    included; an rlflow-only row is left out when another row maps a verl key to the same rlflow key."""
+    return list(_rows(entry))
 
 
 def covers(verl: str, key: str) -> bool:
@@ -58,7 +64,7 @@ def covers(verl: str, key: str) -> bool:
 
 def find_row(entry: str, key: str) -> Optional[Row]:
     """The row of ``entry``'s table for the verl key ``key``: its own row, else the longest ``prefix.*`` row over it."""
-    candidates = [row for row in rows(entry) if row[0] is not None and covers(row[0], key)]
+    candidates = [row for row in _rows(entry) if row[0] is not None and covers(row[0], key)]
     return max(candidates, key=lambda row: (row[0] == key, len(row[0])), default=None)
 
 

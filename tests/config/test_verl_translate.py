@@ -34,7 +34,7 @@ python3 -m verl.trainer.main_ppo --config-path=config \
 
 def overrides_of(args: list[str], device: str = "cpu", entry: str | None = None) -> dict[str, str]:
     translation = translate(VerlCommand(entry, args), device)
-    return dict(override.split("=", 1) for override in translation.overrides)
+    return dict(override.lstrip("+").split("=", 1) for override in translation.overrides)
 
 
 def test_a_script_is_read_the_way_bash_hands_it_to_verl():

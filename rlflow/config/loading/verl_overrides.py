@@ -12,6 +12,7 @@ whole by ``rlflow-from-verl``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from typing import Any, Iterator, Sequence
 
@@ -38,15 +39,22 @@ def _engine_config_classes() -> Iterator[type]:
 _MISSING = object()
 
 
+@functools.lru_cache(maxsize=None)
+def _type_hints(schema: type) -> dict[str, Any]:
+    """The fields of the dataclass ``schema`` and their types."""
+    names = {spec.name for spec in dataclasses.fields(schema)}
+    return {name: kind for name, kind in typing.get_type_hints(schema).items() if name in names}
+
+
 def _field_type(schema: type, parts: list[str]) -> Any:
     """The annotated type of the dotted key ``parts`` under the dataclass ``schema`` (an ``Any`` field: an engine
     node, searched in each engine's config class); ``Any`` under a free-form mapping; ``_MISSING`` if no such key."""
     if not parts:
         return schema
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    if parts[0] not in fields:
+    hints = _type_hints(schema)
+    if parts[0] not in hints:
         return _MISSING
-    kind = typing.get_type_hints(schema)[parts[0]]
+    kind = hints[parts[0]]
     rest = parts[1:]
     if kind is Any and rest:
         return next((found for config in _engine_config_classes() if (found := _field_type(config, rest)) is not _MISSING),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -233,6 +234,8 @@ class _Translator:
             return
         written, listed = [], False
         for target, target_value in conversion.pairs:
+            if why is not None and target in self.values:
+                continue  # the script's own keys set it (verl's min_lr sets what min_lr_ratio's default would)
             target_value, as_list = self._list_form(target, target_value)
             listed |= as_list
             self.values.pop(target, None)
@@ -263,8 +266,17 @@ class _Translator:
             self.values = {mount: "megatron", **self.values}
             self.result.explicit.append(f"{mount}=megatron: the script configures verl's Megatron workers for this role")
 
+    def _overrides(self, key: str, value: Any) -> list[str]:
+        """``key=value`` in Hydra's form: a key under a free-form mapping (``rollout.engine_kwargs``) is added with ``++``,
+        and a mapping value for one is written one entry at a time."""
+        if typing.get_origin(field_type(self.entry, key)) is dict and isinstance(value, dict):
+            return [f"++{key}.{sub}={render_value(item)}" for sub, item in value.items()]
+        parent = key.rpartition(".")[0]
+        under_mapping = bool(parent) and typing.get_origin(field_type(self.entry, parent)) is dict
+        return [f"{'++' if under_mapping else ''}{key}={render_value(value)}"]
+
     def finish(self) -> Translation:
-        self.result.overrides = [f"{key}={render_value(value)}" for key, value in self.values.items()]
+        self.result.overrides = [override for key, value in self.values.items() for override in self._overrides(key, value)]
         return self.result
 
 
