@@ -72,6 +72,7 @@ VERL_DEFAULTS: dict[str, dict[str, Default]] = {
         "trainer.total_training_steps": const(None),
         "trainer.nnodes": const(1),
         "trainer.n_gpus_per_node": const(8),
+        "trainer.device": const("cuda"),
     },
     "sft_trainer": {
         "data.train_batch_size": const(256),
@@ -89,6 +90,7 @@ VERL_DEFAULTS: dict[str, dict[str, Default]] = {
         "trainer.total_training_steps": const(None),
         "trainer.nnodes": const(1),
         "trainer.n_gpus_per_node": const(8),
+        "trainer.device": const("cuda"),
     },
 }
 

@@ -9,6 +9,7 @@ it. A value that has no rlflow form raises ``Unmappable`` with the reason and wh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from rlflow.config.loading.verl_args import ACTOR, VerlArgs
@@ -174,6 +175,9 @@ def _rollout_tp(args: VerlArgs, verl_key: str, ours: str, value: Any) -> Convers
 
 @converts("model.path", "model.partial_pretrain")
 def _model_folder(args: VerlArgs, verl_key: str, ours: str, value: Any) -> Conversion:
+    local = "" if Path(str(value)).expanduser().is_dir() else (
+        "; not a folder here: verl downloads hub names, rlflow loads a local folder (download it, e.g. with "
+        "huggingface-cli download NAME --local-dir DIR, and give DIR)")
     if ours != "model.path":  # critic.model.path, reward_model.model.path: the folder alone
-        return Conversion([(ours, value)])
-    return Conversion([(ours, value), ("model.preset", None)], "an HF folder: rlflow's preset off")
+        return Conversion([(ours, value)], local.removeprefix("; "))
+    return Conversion([(ours, value), ("model.preset", None)], "an HF folder: rlflow's preset off" + local)

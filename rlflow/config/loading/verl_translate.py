@@ -65,6 +65,7 @@ EXPLICIT: dict[str, list[tuple[str, Callable[[VerlArgs], bool], str]]] = {
         (f"{ACTOR}ppo_max_token_len_per_gpu", _dynamic(ACTOR), "verl's default token budget"),
         ("actor_rollout_ref.rollout.n", _always, "verl's default: one response per prompt"),
         ("trainer.total_epochs", _always, "verl's default"),
+        ("trainer.device", lambda args: args.device == "cuda", "verl's default, the device this translation is for"),
         ("critic.ppo_mini_batch_size", lambda args: args.uses_critic, "verl's critic takes the actor's"),
         ("critic.ppo_epochs", lambda args: args.uses_critic, "verl's critic takes the actor's"),
         ("critic.shuffle", lambda args: args.uses_critic, "verl's critic takes the actor's"),
@@ -94,6 +95,7 @@ EXPLICIT: dict[str, list[tuple[str, Callable[[VerlArgs], bool], str]]] = {
         ("optim.lr_warmup_steps_ratio", _always, "verl's default warmup"),
         ("optim.min_lr_ratio", _always, "verl's default"),
         ("trainer.total_epochs", _always, "verl's default"),
+        ("trainer.device", lambda args: args.device == "cuda", "verl's default, the device this translation is for"),
     ],
 }
 
