@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlflow.data.files import resolve_files
+from rlflow.errors import UserError
 
 ACTOR, REF, ROLLOUT = "actor_rollout_ref.actor.", "actor_rollout_ref.ref.", "actor_rollout_ref.rollout."
 Default = Callable[["VerlArgs"], Any]
@@ -101,7 +103,7 @@ def count_rows(files: Any) -> Optional[int]:
         paths = resolve_files(list(files) if isinstance(files, (list, tuple)) else [files])
         return sum(pq.read_metadata(path).num_rows if Path(path).suffix == ".parquet"
                    else sum(1 for line in Path(path).read_text().splitlines() if line.strip()) for path in paths)
-    except Exception:  # a path of another machine, or a file this reader does not know: the length is unknown
+    except (OSError, ValueError, UserError, pa.ArrowException):  # a path of another machine, a file not of these forms
         return None
 
 
