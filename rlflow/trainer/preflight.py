@@ -16,15 +16,15 @@ from omegaconf import DictConfig
 
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.ensure import ensure_model
-from rlflow.trainer.ppo_trainer import PPOTrainer
+from rlflow.trainer.ppo_setup import prepare_run
 from rlflow.trainer.run_folder import check_run_folder
 from rlflow.trainer.sft_trainer import prepare_sft_run
 
 
 def preflight_ppo(config: DictConfig) -> None:
-    """``main_ppo``'s pre-Ray checks: the run folder, then the trainer's set-up (which starts no worker)."""
+    """``main_ppo``'s pre-Ray checks: the run folder, then the run's set-up (``prepare_run``: no worker starts)."""
     check_run_folder(config)
-    PPOTrainer(config)
+    prepare_run(config)
 
 
 def sft_world_size(config: DictConfig) -> int:
