@@ -136,6 +136,7 @@ class RolloutConfig:
     do_sample: bool = True
     seed: Optional[int] = 0
     stop: list[str] = field(default_factory=list)
+    calculate_log_probs: bool = False  # return rollout_log_probs (verl's key and default); rollout correction needs it
     logprobs_mode: str = "processed_logprobs"  # processed_logprobs | raw_logprobs
     dtype: str = "float32"
     max_model_len: Optional[int] = None  # null: prompt_length + response_length
@@ -153,6 +154,7 @@ class RolloutConfig:
     num_replicas: int = 0  # 0: one per actor DP rank (colocated); >0: a split rollout pool
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
     trust_remote_code: bool = False  # loads may run code shipped in the folder (YAML: model's)
+    debug_skip_weight_sync_steps: int = 0  # TEST ONLY: skip the first N weight syncs (a deliberately stale rollout)
     val_kwargs: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=1, temperature=0.0, do_sample=False))
 
 

@@ -213,6 +213,7 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         *((f"{ROLLOUT}{key}", f"rollout.{key}", "") for key in ("temperature", "top_p", "top_k", "do_sample")),
         (None, "rollout.seed", "seeds every request from (seed, step, replica, row, sample)"),
         (None, "rollout.stop", "stop strings"),
+        (f"{ROLLOUT}calculate_log_probs", "rollout.calculate_log_probs", "default false as in verl; ppo_trainer.yaml sets true"),
         (f"{ROLLOUT}logprobs_mode", "rollout.logprobs_mode", ""),
         (f"{ROLLOUT}dtype", "rollout.dtype", "verl's default bfloat16, rlflow's float32"),
         (f"{ROLLOUT}max_model_len", "rollout.max_model_len", ""),
@@ -230,6 +231,7 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (None, "rollout.num_replicas", "a split rollout pool of this many processes"),
         (f"{ROLLOUT}engine_kwargs.vllm", "rollout.engine_kwargs", "vllm.LLM(...) arguments, not nested under vllm"),
         (None, "rollout.trust_remote_code", "defaults to model.trust_remote_code"),
+        (None, "rollout.debug_skip_weight_sync_steps", "test only: skip the first N weight syncs (a stale rollout)"),
         *((f"{ROLLOUT}val_kwargs.{key}", f"rollout.val_kwargs.{key}", "")
           for key in ("n", "temperature", "top_p", "top_k", "do_sample")),
         *((None, f"rollout.val_kwargs.{key}", "") for key in ("seed", "stop", "max_new_tokens")),
@@ -237,7 +239,6 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (f"{ROLLOUT}max_num_batched_tokens", None, "pass it in rollout.engine_kwargs"),
         (f"{ROLLOUT}enable_chunked_prefill", None, "pass it in rollout.engine_kwargs"),
         (f"{ROLLOUT}load_format", None, "weights always come from the actor at the first sync"),
-        (f"{ROLLOUT}calculate_log_probs", None, "rollout_log_probs are always returned"),
         (f"{ROLLOUT}ignore_eos", None, "generation stops at EOS"),
         (f"{ROLLOUT}data_parallel_size", None, "rollout.num_replicas"),
         (f"{ROLLOUT}over_sample_rate", None, "no over-sampling"),
