@@ -169,6 +169,20 @@ class KLControlConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Importance weights and rejection from the rollout's own log-probs (verl's ``algorithm.rollout_correction``;
+    defaults are verl's YAML's: metrics only). rlflow/configs/rollout_correction/*.yaml holds presets."""
+
+    rollout_is: Optional[str] = None  # IS level: token | sequence; null: no weights
+    rollout_is_threshold: Any = 2.0  # a number: truncate (TIS); "lower_upper": zero the weights outside (IcePop)
+    rollout_is_batch_normalize: bool = False  # divide the weights by their batch mean
+    rollout_rs: Optional[str] = None  # rejection options, comma-joined: token_k1..k3, seq_sum_k*, seq_mean_k*, seq_max_k2/k3
+    rollout_rs_threshold: Any = None  # one spec per option (or one shared): a number, or "lower_upper" for *_k1
+    bypass_mode: bool = False  # true: the rollout's log-probs are the old ones (no old-log-prob pass)
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip | reinforce
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and KL-in-reward (verl's `algorithm` group)."""
 
@@ -179,6 +193,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass

@@ -248,6 +248,10 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         *((f"algorithm.{key}", f"algorithm.{key}", "") for key in (
             "adv_estimator", "gamma", "lam", "norm_adv_by_std_in_grpo", "use_kl_in_reward", "kl_penalty",
             "kl_ctrl.type", "kl_ctrl.kl_coef", "kl_ctrl.target_kl", "kl_ctrl.horizon")),
+        *((f"algorithm.rollout_correction.{key}", f"algorithm.rollout_correction.{key}", "") for key in (
+            "rollout_is", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold", "bypass_mode", "loss_type")),
+        ("algorithm.rollout_correction.rollout_is_threshold", "algorithm.rollout_correction.rollout_is_threshold",
+         "also \"lower_upper\": masked IS (IcePop)"),
         ("algorithm.use_pf_ppo", None, "no PF-PPO reweighting"),
     ]),
     ("reward (verl: custom_reward_function, reward_model)", [

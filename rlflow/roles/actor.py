@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from rlflow.algos.rollout_correction import ROLLOUT_CORRECTION_META_KEY
 from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch
@@ -19,6 +20,8 @@ from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
 logger = get_logger(__name__)
 ACTOR_MESH = "actor"
 POLICY_INPUTS = ("old_log_probs", "advantages")
+ROLLOUT_CORRECTION_INPUTS = ("rollout_is_weights",)  # sent to the loss when the batch holds them
+METRIC_PREFIXES = ("actor/", "rollout_corr/")  # the loss's metrics that go back to the driver
 
 
 def reference_is_base_model(actor_config: Any) -> bool:
@@ -66,20 +69,31 @@ class Actor(EngineRole):
         takes the detached current ones), entropy is always computed (the step's metric), and the
         result also holds the update forward's ``log_probs`` and ``entropy`` ``[B, R]`` of the rows,
         in their order; otherwise no per-token column travels back to the driver.
+
+        Rollout correction: ``rollout_is_weights`` (decoupled mode) go to the loss when the batch holds
+        them, and ``meta_info[ROLLOUT_CORRECTION_META_KEY]`` (bypass mode) selects the bypass loss; its
+        ``rollout_corr/*`` metrics come back with the ``actor/*`` ones.
         """
         on_policy = bool(data.meta_info.get(OLD_LOG_PROBS_FROM_UPDATE, False))
+        bypass = data.meta_info.get(ROLLOUT_CORRECTION_META_KEY)
+        if on_policy and bypass is not None:
+            raise ValueError("bypass mode takes the rollout's log-probs as the old ones; the batch cannot also ask "
+                             f"for the update forward's ({OLD_LOG_PROBS_FROM_UPDATE})")
         inputs = ("advantages",) if on_policy else POLICY_INPUTS
         extra = inputs + (("ref_log_prob",) if self.actor_config.use_kl_loss else ())
+        extra += tuple(key for key in ROLLOUT_CORRECTION_INPUTS if key in data.batch)
         view = engine_batch(data, extra_keys=extra)
         view.meta_info = {
             "temperature": data.meta_info.get("temperature", 1.0),
             "compute_entropy": on_policy or self.actor_config.entropy_coeff != 0,
             OLD_LOG_PROBS_FROM_UPDATE: on_policy,
         }
+        if bypass is not None:
+            view.meta_info[ROLLOUT_CORRECTION_META_KEY] = bypass
         with self.engine.train_mode():
             outputs, metrics = self.engine.forward_backward(view, self.loss_fn)
         result = response_columns(outputs, data) if on_policy and self.engine.mesh.is_collect else DataProto()
-        result.meta_info["metrics"] = {key: value for key, value in metrics.items() if key.startswith("actor/")}
+        result.meta_info["metrics"] = {key: value for key, value in metrics.items() if key.startswith(METRIC_PREFIXES)}
         return result
 
     @register(dispatch_mode=ONE_TO_ALL)

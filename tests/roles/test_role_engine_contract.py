@@ -1,5 +1,6 @@
 """How the roles use the engine contract: outputs only on collect ranks, export in the rollout's dtype,
-and a policy loss that converts the actor config once, not per micro-batch.
+a policy loss that converts the actor config once, not per micro-batch, and rollout correction's weights
+and bypass settings carried from the batch to the loss.
 
 The engines here are stand-ins: these are unit tests of the roles around an engine, and each
 stand-in records what the role asked of it. The real engines' side of the contract is tested in
@@ -9,19 +10,22 @@ tests/engines.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from rlflow.algos import get_policy_loss_fn
+from rlflow.algos import compute_policy_loss_bypass_mode, get_policy_loss_fn
+from rlflow.algos.rollout_correction import ROLLOUT_CORRECTION_META_KEY
+from rlflow.config.schema import RolloutCorrectionConfig
 from rlflow.engines import EngineMesh, LossContext
 from rlflow.protocol import DataProto
 from rlflow.roles.actor import Actor
 from rlflow.roles.actor_rollout_ref import ActorRolloutRef
 from rlflow.roles.critic import Critic
 from rlflow.roles.engine_role import response_log_probs
-from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, make_policy_loss_fn
+from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, global_batch_info, make_policy_loss_fn
 from rlflow.roles.reward_model import RewardModel
 
 PROMPT, RESPONSE, ROWS = 3, 4, 2
@@ -209,3 +213,61 @@ def test_actor_forward_backward_hands_back_the_update_forward_per_token_when_on_
     silent = SimpleNamespace(engine=RecordingEngine(False), actor_config=config, loss_fn=make_policy_loss_fn(config))
     empty = Actor.forward_backward(silent, data)
     assert len(empty) == 0 and "actor/pg_loss" in empty.meta_info["metrics"]
+
+
+def _loss_inputs():
+    torch.manual_seed(0)
+    data = rl_batch()
+    data.batch["old_log_probs"] = -torch.rand(ROWS, RESPONSE)
+    data.batch["advantages"] = torch.randn(ROWS, RESPONSE)
+    ctx = LossContext(global_num_tokens=ROWS * RESPONSE, global_num_seqs=ROWS, dp_size=1, num_micro_batches=1, micro_batch_index=0)
+    return data, -torch.rand(ROWS, PROMPT + RESPONSE), ctx
+
+
+def test_policy_loss_hands_the_batchs_rollout_is_weights_to_the_loss():
+    loss_fn = make_policy_loss_fn(_policy_config())
+    data, log_probs, ctx = _loss_inputs()
+    plain, _ = loss_fn({"log_probs": log_probs}, data, ctx)
+    weights = torch.rand(ROWS, RESPONSE)
+    data.batch["rollout_is_weights"] = weights
+    weighted, _ = loss_fn({"log_probs": log_probs}, data, ctx)
+    reference_config = SimpleNamespace(clip_ratio=0.2, clip_ratio_c=3.0, global_batch_info=global_batch_info(ctx))
+    expected, _ = get_policy_loss_fn("vanilla")(
+        data.batch["old_log_probs"], log_probs[:, PROMPT:], data.batch["advantages"], data.batch["response_mask"],
+        "token-mean", reference_config, rollout_is_weights=weights)
+    torch.testing.assert_close(weighted, expected, rtol=0, atol=0)
+    assert not torch.equal(weighted, plain)
+
+
+def test_bypass_settings_in_meta_info_run_the_bypass_loss():
+    loss_fn = make_policy_loss_fn(_policy_config())
+    data, log_probs, ctx = _loss_inputs()
+    settings = RolloutCorrectionConfig(rollout_is="token", bypass_mode=True, loss_type="reinforce")
+    data.meta_info[ROLLOUT_CORRECTION_META_KEY] = asdict(settings)
+    loss, metrics = loss_fn({"log_probs": log_probs}, data, ctx)
+    reference_config = SimpleNamespace(global_batch_info=global_batch_info(ctx), policy_loss=SimpleNamespace(
+        rollout_correction=settings))
+    expected, expected_metrics = compute_policy_loss_bypass_mode(
+        data.batch["old_log_probs"], log_probs[:, PROMPT:], data.batch["advantages"], data.batch["response_mask"],
+        "token-mean", reference_config)
+    torch.testing.assert_close(loss, expected, rtol=0, atol=0)
+    assert metrics["rollout_corr/kl"] == expected_metrics["rollout_corr/kl"] and "rollout_corr/rollout_is_mean" in metrics
+
+
+def test_actor_forward_backward_carries_rollout_correction_to_the_loss_and_its_metrics_back():
+    data = rl_batch()
+    data.batch["advantages"] = torch.randn(ROWS, RESPONSE)
+    data.batch["old_log_probs"] = -torch.ones(ROWS, RESPONSE)
+    data.batch["rollout_is_weights"] = torch.full((ROWS, RESPONSE), 0.5)
+    config = _policy_config()
+    role = SimpleNamespace(engine=RecordingEngine(True), actor_config=config, loss_fn=make_policy_loss_fn(config))
+    Actor.forward_backward(role, data)
+    assert torch.equal(role.engine.views[0].batch["rollout_is_weights"], data.batch["rollout_is_weights"])
+    data.batch.pop("rollout_is_weights")
+    data.meta_info = {ROLLOUT_CORRECTION_META_KEY: asdict(RolloutCorrectionConfig(bypass_mode=True))}
+    out = Actor.forward_backward(role, data)
+    assert role.engine.views[1].meta_info[ROLLOUT_CORRECTION_META_KEY]["bypass_mode"] is True
+    assert "rollout_corr/kl" in out.meta_info["metrics"] and "actor/pg_loss" in out.meta_info["metrics"]
+    data.meta_info[OLD_LOG_PROBS_FROM_UPDATE] = True
+    with pytest.raises(ValueError, match="bypass mode"):
+        Actor.forward_backward(role, data)

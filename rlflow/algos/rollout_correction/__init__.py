@@ -1,0 +1,65 @@
+"""Rollout correction: importance weights and rejection from the rollout's own log-probs (verl's names).
+
+The rollout engine and the trainer compute different probabilities for the same tokens (other
+kernels, dtypes, a stale policy in asynchronous training). Comparing ``pi_old`` (or, in bypass mode,
+the current ``pi``) with ``pi_rollout`` on the sampled tokens, this package
+
+* weights the policy loss per token or per sequence (``weights``: truncated or masked IS),
+* rejects tokens or sequences whose divergence is out of bounds (``rejection``),
+* reports the gap (``offpolicy``), every metric under ``rollout_corr/``,
+
+and gives the driver one phase (``pipeline.rollout_correction_phase``) and the start-up check
+(``config_check.check_rollout_correction``). docs/algorithms.md, "Rollout correction", has the math.
+"""
+
+from rlflow.algos.rollout_correction.bypass_loss import (
+    BYPASS_LOSS_MODE,
+    BYPASS_LOSS_TYPE_REGISTRY,
+    compute_policy_loss_bypass_mode,
+    compute_policy_loss_reinforce,
+)
+from rlflow.algos.rollout_correction.config_check import check_rollout_correction
+from rlflow.algos.rollout_correction.offpolicy import compute_offpolicy_metrics
+from rlflow.algos.rollout_correction.pipeline import (
+    ROLLOUT_CORRECTION_META_KEY,
+    apply_bypass_mode,
+    compute_rollout_correction_and_add_to_batch,
+    compute_rollout_correction_and_rejection_mask,
+    rollout_correction_phase,
+)
+from rlflow.algos.rollout_correction.rejection import (
+    ROLLOUT_RS_REGISTRY,
+    RejectionRule,
+    compute_rollout_rejection_mask,
+    register_rollout_rs_option,
+)
+from rlflow.algos.rollout_correction.settings import correction_settings, corrects, needs_rollout_log_probs
+from rlflow.algos.rollout_correction.weights import (
+    ROLLOUT_IS_LEVEL_REGISTRY,
+    compute_rollout_correction_weights,
+    register_rollout_is_level,
+)
+
+__all__ = [
+    "BYPASS_LOSS_MODE",
+    "BYPASS_LOSS_TYPE_REGISTRY",
+    "ROLLOUT_CORRECTION_META_KEY",
+    "ROLLOUT_IS_LEVEL_REGISTRY",
+    "ROLLOUT_RS_REGISTRY",
+    "RejectionRule",
+    "apply_bypass_mode",
+    "check_rollout_correction",
+    "compute_offpolicy_metrics",
+    "compute_policy_loss_bypass_mode",
+    "compute_policy_loss_reinforce",
+    "compute_rollout_correction_and_add_to_batch",
+    "compute_rollout_correction_and_rejection_mask",
+    "compute_rollout_correction_weights",
+    "compute_rollout_rejection_mask",
+    "correction_settings",
+    "corrects",
+    "needs_rollout_log_probs",
+    "register_rollout_is_level",
+    "register_rollout_rs_option",
+    "rollout_correction_phase",
+]

@@ -1,0 +1,32 @@
+"""``algorithm.rollout_correction`` read from whatever holds it: the typed config node, a dataclass, a
+namespace, or the plain dict that travels to the actor in bypass mode."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+from rlflow.config.schema import RolloutCorrectionConfig
+
+
+def correction_settings(source: Any) -> RolloutCorrectionConfig:
+    """The seven settings of ``source`` (missing fields take verl's defaults; None is a value, not a gap)."""
+    if isinstance(source, RolloutCorrectionConfig):
+        return source
+    defaults = RolloutCorrectionConfig()
+    values = {}
+    for field in fields(RolloutCorrectionConfig):
+        default = getattr(defaults, field.name)
+        values[field.name] = source.get(field.name, default) if isinstance(source, Mapping) else getattr(source, field.name, default)
+    return RolloutCorrectionConfig(**values)
+
+
+def corrects(settings: RolloutCorrectionConfig) -> bool:
+    """Whether the settings weight (``rollout_is``) or reject (``rollout_rs``) anything."""
+    return settings.rollout_is is not None or settings.rollout_rs is not None
+
+
+def needs_rollout_log_probs(settings: RolloutCorrectionConfig) -> bool:
+    """Whether the settings read the rollout's log-probs: any weighting, rejection, or bypass mode."""
+    return corrects(settings) or bool(settings.bypass_mode)
