@@ -37,7 +37,7 @@ from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch
 from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, make_policy_loss_fn
-from rlflow.trainer.config_loading import compose_ppo_config
+from rlflow.trainer.entry_points import compose_ppo_config
 from rlflow.utils.cpu_heap import retain_freed_memory
 from rlflow.utils.device import limit_cpu_threads
 

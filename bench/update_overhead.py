@@ -40,7 +40,7 @@ from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 from rlflow.roles.actor import Actor
-from rlflow.trainer.config_loading import compose_ppo_config
+from rlflow.trainer.entry_points import compose_ppo_config
 from rlflow.utils.device import limit_cpu_threads
 from rlflow.workers import ALL_TO_ALL, RayWorkerGroup, ResourcePool, WorkerSpec, init_ray, register, shutdown_ray
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlflow.engines.common.checkpointing import load_rng, save_rng
+from rlflow.engines.common.checkpoint.checkpointing import load_rng, save_rng
 from rlflow.errors import CheckpointError
 from rlflow.trainer.checkpoint import DRIVER_STATE, CheckpointManager
 from rlflow.utils.seed import get_rng_state, set_rng_state, set_seed

@@ -1,17 +1,21 @@
 """The numerical core of RL post-training: advantages, policy/value/entropy losses, KL, aggregation.
 
 Pure torch on any device, no worker or Ray dependency. Names and signatures follow verl 0.9.1
-(``verl.trainer.ppo.core_algos``) so user code carries over. Every family is a registry:
+(``verl.trainer.ppo.core_algos``) so a verl function carries over; it is registered the rlflow way
+(``@ADV_ESTIMATOR_REGISTRY.register("x")`` where verl writes ``@register_adv_est("x")``, see
+docs/registries.md). Every family is a registry:
 
 | family | register | look up | config key |
 |---|---|---|---|
-| advantage estimators | ``register_adv_est`` | ``get_adv_estimator_fn`` | ``algorithm.adv_estimator`` |
-| policy losses | ``register_policy_loss`` | ``get_policy_loss_fn`` | ``actor.policy_loss.loss_mode`` |
-| KL estimators | ``register_kl_estimator`` | ``kl_penalty`` | ``algorithm.kl_penalty``, ``actor.kl_loss_type`` |
-| aggregation modes | ``register_loss_agg_mode`` | ``agg_loss`` | ``actor.loss_agg_mode`` |
+| advantage estimators | ``ADV_ESTIMATOR_REGISTRY`` | ``get_adv_estimator_fn`` | ``algorithm.adv_estimator`` |
+| policy losses | ``POLICY_LOSS_REGISTRY`` | ``get_policy_loss_fn`` | ``actor.policy_loss.loss_mode`` |
+| KL estimators | ``KL_ESTIMATOR_REGISTRY`` | ``kl_penalty`` | ``algorithm.kl_penalty``, ``actor.kl_loss_type`` |
+| aggregation modes | ``LOSS_AGG_REGISTRY`` | ``agg_loss`` | ``actor.loss_agg_mode`` |
 | KL controllers | ``KL_CONTROLLER_REGISTRY`` | ``get_kl_controller`` | ``algorithm.kl_ctrl.type`` |
-| rollout IS levels | ``register_rollout_is_level`` | ``ROLLOUT_IS_LEVEL_REGISTRY`` | ``algorithm.rollout_correction.rollout_is`` |
-| rollout rejection options | ``register_rollout_rs_option`` | ``ROLLOUT_RS_REGISTRY`` | ``algorithm.rollout_correction.rollout_rs`` |
+| rollout IS levels | ``ROLLOUT_IS_LEVEL_REGISTRY`` | ``compute_rollout_correction_weights`` | ``algorithm.rollout_correction.rollout_is`` |
+| rollout rejection divergences, reductions | ``ROLLOUT_RS_DIVERGENCE_REGISTRY``, ``ROLLOUT_RS_REDUCTION_REGISTRY`` | ``compute_rollout_rejection_mask`` (options ``<reduction>_<divergence>``) | ``algorithm.rollout_correction.rollout_rs`` |
+
+A new variant is one function under ``@<FAMILY>_REGISTRY.register("name")``.
 
 See docs/algorithms.md for the formulas.
 """
@@ -29,14 +33,12 @@ from rlflow.algos.advantages import (
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
     get_adv_estimator_fn,
-    register_adv_est,
 )
 from rlflow.algos.aggregation import (
     GLOBAL_BATCH_INFO_KEYS,
     LOSS_AGG_REGISTRY,
     agg_loss,
     loss_agg_modes,
-    register_loss_agg_mode,
 )
 from rlflow.algos.entropy import compute_entropy_loss, entropy_from_logits
 from rlflow.algos.kl import (
@@ -45,7 +47,6 @@ from rlflow.algos.kl import (
     compute_rewards,
     kl_estimator_names,
     kl_penalty,
-    register_kl_estimator,
 )
 from rlflow.algos.kl_control import (
     KL_CONTROLLER_REGISTRY,
@@ -66,12 +67,12 @@ from rlflow.algos.policy_losses import (
     compute_policy_loss_sapo,
     compute_policy_loss_vanilla,
     get_policy_loss_fn,
-    register_policy_loss,
 )
 from rlflow.algos.ppo_clip import compute_policy_loss, ppo_clip_token_losses
 from rlflow.algos.rollout_correction import (
     ROLLOUT_IS_LEVEL_REGISTRY,
-    ROLLOUT_RS_REGISTRY,
+    ROLLOUT_RS_DIVERGENCE_REGISTRY,
+    ROLLOUT_RS_REDUCTION_REGISTRY,
     check_rollout_correction,
     compute_offpolicy_metrics,
     compute_policy_loss_bypass_mode,
@@ -80,9 +81,8 @@ from rlflow.algos.rollout_correction import (
     compute_rollout_correction_and_rejection_mask,
     compute_rollout_correction_weights,
     compute_rollout_rejection_mask,
-    register_rollout_is_level,
-    register_rollout_rs_option,
     rollout_correction_phase,
+    rollout_rs_options,
 )
 from rlflow.utils.registry import Registry
 from rlflow.algos.value import compute_value_loss
@@ -95,7 +95,8 @@ __all__ = [
     "LOSS_AGG_REGISTRY",
     "POLICY_LOSS_REGISTRY",
     "ROLLOUT_IS_LEVEL_REGISTRY",
-    "ROLLOUT_RS_REGISTRY",
+    "ROLLOUT_RS_DIVERGENCE_REGISTRY",
+    "ROLLOUT_RS_REDUCTION_REGISTRY",
     "AdaptiveKLController",
     "AdvantageEstimator",
     "FixedKLController",
@@ -144,11 +145,6 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "ppo_clip_token_losses",
-    "register_adv_est",
-    "register_kl_estimator",
-    "register_loss_agg_mode",
-    "register_rollout_is_level",
-    "register_rollout_rs_option",
     "rollout_correction_phase",
-    "register_policy_loss",
+    "rollout_rs_options",
 ]

@@ -38,13 +38,6 @@ class AdvantageEstimator(str, Enum):
     GPG = "gpg"
 
 
-def register_adv_est(
-    name_or_enum: str | AdvantageEstimator, override: bool = False
-) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator registering an advantage estimator under ``name_or_enum`` (``override``: replace a taken name)."""
-    return ADV_ESTIMATOR_REGISTRY.register(name_or_enum, override=override)
-
-
 def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvantageFn:
     """The estimator registered under ``name_or_enum``; an unknown name lists the registered ones."""
     return ADV_ESTIMATOR_REGISTRY.get(name_or_enum)
@@ -66,7 +59,7 @@ def _broadcast_outcome(per_row: torch.Tensor, mask: torch.Tensor) -> tuple[torch
     return advantages, advantages
 
 
-@register_adv_est(AdvantageEstimator.GAE)
+@ADV_ESTIMATOR_REGISTRY.register(AdvantageEstimator.GAE)
 @torch.no_grad()
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
@@ -96,7 +89,7 @@ def compute_gae_advantage_return(
     return advantages, returns
 
 
-@register_adv_est(AdvantageEstimator.GRPO)
+@ADV_ESTIMATOR_REGISTRY.register(AdvantageEstimator.GRPO)
 @torch.no_grad()
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -120,7 +113,7 @@ def compute_grpo_outcome_advantage(
     return _broadcast_outcome(per_row, as_float_mask(response_mask, token_level_rewards))
 
 
-@register_adv_est(AdvantageEstimator.RLOO)
+@ADV_ESTIMATOR_REGISTRY.register(AdvantageEstimator.RLOO)
 @torch.no_grad()
 def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -138,7 +131,7 @@ def compute_rloo_outcome_advantage(
     return _broadcast_outcome(per_row, as_float_mask(response_mask, token_level_rewards))
 
 
-@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS)
+@ADV_ESTIMATOR_REGISTRY.register(AdvantageEstimator.REINFORCE_PLUS_PLUS)
 @torch.no_grad()
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -158,7 +151,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns * mask
 
 
-@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
+@ADV_ESTIMATOR_REGISTRY.register(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -177,7 +170,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_est(AdvantageEstimator.REMAX)
+@ADV_ESTIMATOR_REGISTRY.register(AdvantageEstimator.REMAX)
 @torch.no_grad()
 def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -197,7 +190,7 @@ def compute_remax_outcome_advantage(
     return advantages, returns
 
 
-@register_adv_est(AdvantageEstimator.OPO)
+@ADV_ESTIMATOR_REGISTRY.register(AdvantageEstimator.OPO)
 @torch.no_grad()
 def compute_opo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -217,7 +210,7 @@ def compute_opo_outcome_advantage(
     return _broadcast_outcome(scores - baseline[groups.ids], mask)
 
 
-@register_adv_est(AdvantageEstimator.GPG)
+@ADV_ESTIMATOR_REGISTRY.register(AdvantageEstimator.GPG)
 @torch.no_grad()
 def compute_gpg_outcome_advantage(
     token_level_rewards: torch.Tensor,

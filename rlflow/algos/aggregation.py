@@ -30,7 +30,6 @@ class AggregationCounts:
 
 LossAggFn = Callable[[torch.Tensor, torch.Tensor, AggregationCounts], torch.Tensor]
 LOSS_AGG_REGISTRY: Registry[LossAggFn] = Registry("loss aggregation mode", "actor.loss_agg_mode")
-register_loss_agg_mode = LOSS_AGG_REGISTRY.register
 
 GLOBAL_BATCH_INFO_KEYS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
 
@@ -40,27 +39,27 @@ def _safe_divide(numerator: torch.Tensor, denominator: torch.Tensor | float) -> 
     return numerator / torch.where(denominator != 0, denominator, torch.ones_like(denominator))
 
 
-@register_loss_agg_mode("token-mean")
+@LOSS_AGG_REGISTRY.register("token-mean")
 def _token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, counts: AggregationCounts) -> torch.Tensor:
     return _safe_divide(masked_sum(loss_mat, mask), counts.num_tokens)
 
 
-@register_loss_agg_mode("token-sum")
+@LOSS_AGG_REGISTRY.register("token-sum")
 def _token_sum(loss_mat: torch.Tensor, mask: torch.Tensor, counts: AggregationCounts) -> torch.Tensor:
     return masked_sum(loss_mat, mask)
 
 
-@register_loss_agg_mode("seq-mean-token-sum")
+@LOSS_AGG_REGISTRY.register("seq-mean-token-sum")
 def _seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor, counts: AggregationCounts) -> torch.Tensor:
     return _safe_divide(masked_sum(loss_mat, mask, dim=-1).sum(), counts.num_sequences)
 
 
-@register_loss_agg_mode("seq-mean-token-sum-norm")
+@LOSS_AGG_REGISTRY.register("seq-mean-token-sum-norm")
 def _seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor, counts: AggregationCounts) -> torch.Tensor:
     return _seq_mean_token_sum(loss_mat, mask, counts) / counts.scale_factor
 
 
-@register_loss_agg_mode("seq-mean-token-mean")
+@LOSS_AGG_REGISTRY.register("seq-mean-token-mean")
 def _seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, counts: AggregationCounts) -> torch.Tensor:
     per_sequence = _safe_divide(masked_sum(loss_mat, mask, dim=-1), mask.sum(dim=-1))
     return _safe_divide(per_sequence.sum(), counts.num_sequences)

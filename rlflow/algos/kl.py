@@ -26,32 +26,31 @@ KLEstimatorFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 KL_ESTIMATOR_REGISTRY: Registry[KLEstimatorFn] = Registry(
     "KL estimator", "algorithm.kl_penalty / actor.kl_loss_type"
 )
-register_kl_estimator = KL_ESTIMATOR_REGISTRY.register
 
 STRAIGHT_THROUGH_SUFFIX = "+"
 LOG_RATIO_CLAMP = 20.0
 LOW_VAR_KL_CLAMP = 10.0
 
 
-@register_kl_estimator("kl", "k1")
+@KL_ESTIMATOR_REGISTRY.register("kl", "k1")
 def kl_k1(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     """``log p - log q``: unbiased for KL(p||q) on samples from p, high variance."""
     return logprob - ref_logprob
 
 
-@register_kl_estimator("abs")
+@KL_ESTIMATOR_REGISTRY.register("abs")
 def kl_abs(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     """``|log p - log q|``."""
     return (logprob - ref_logprob).abs()
 
 
-@register_kl_estimator("mse", "k2")
+@KL_ESTIMATOR_REGISTRY.register("mse", "k2")
 def kl_k2(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     """``(log p - log q)^2 / 2``: biased value, but its gradient is the KL gradient."""
     return 0.5 * (logprob - ref_logprob).square()
 
 
-@register_kl_estimator("low_var_kl", "k3")
+@KL_ESTIMATOR_REGISTRY.register("low_var_kl", "k3")
 def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     """``q/p - log(q/p) - 1``: unbiased and non-negative; clamped like verl for stability."""
     log_ratio = torch.clamp(ref_logprob - logprob, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
@@ -59,7 +58,7 @@ def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     return torch.clamp(estimate, min=-LOW_VAR_KL_CLAMP, max=LOW_VAR_KL_CLAMP)
 
 
-@register_kl_estimator("full")
+@KL_ESTIMATOR_REGISTRY.register("full")
 def kl_full(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     """Exact KL over the vocabulary: not supported, since only sampled-token log-probs are available."""
     raise NotImplementedError(

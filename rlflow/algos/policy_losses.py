@@ -37,11 +37,6 @@ SEQUENCE_LEVEL_AGG_MODE = "seq-mean-token-mean"
 GEO_MEAN_WEIGHT_EPS = 1e-10  # log(max(w, eps)): a zero IS weight (masked IS) gives a tiny, finite sequence weight
 
 
-def register_policy_loss(name: str, override: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering a policy loss under ``name`` (``override``: replace a taken name)."""
-    return POLICY_LOSS_REGISTRY.register(name, override=override)
-
-
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
     """The policy loss registered under ``name``; an unknown name lists the registered ones."""
     return POLICY_LOSS_REGISTRY.get(name)
@@ -60,7 +55,7 @@ def _clamped_log_ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor) -> to
     return torch.clamp(log_prob - old_log_prob, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
 
 
-@register_policy_loss("vanilla")
+@POLICY_LOSS_REGISTRY.register("vanilla")
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -79,7 +74,7 @@ def compute_policy_loss_vanilla(
     return loss, _metrics(pg_clipfrac=terms.clipfrac, ppo_kl=terms.ppo_kl, pg_clipfrac_lower=terms.clipfrac_lower)
 
 
-@register_policy_loss("gspo")
+@POLICY_LOSS_REGISTRY.register("gspo")
 def compute_policy_loss_gspo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -111,7 +106,7 @@ def compute_policy_loss_gspo(
     )
 
 
-@register_policy_loss("sapo")
+@POLICY_LOSS_REGISTRY.register("sapo")
 def compute_policy_loss_sapo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -138,7 +133,7 @@ def compute_policy_loss_sapo(
     return loss, _metrics(pg_clipfrac=0.0, ppo_kl=masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
 
 
-@register_policy_loss("cispo")
+@POLICY_LOSS_REGISTRY.register("cispo")
 def compute_policy_loss_cispo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -162,7 +157,7 @@ def compute_policy_loss_cispo(
     )
 
 
-@register_policy_loss("geo_mean")
+@POLICY_LOSS_REGISTRY.register("geo_mean")
 def compute_policy_loss_geo_mean(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -200,7 +195,7 @@ def compute_policy_loss_geo_mean(
     )
 
 
-@register_policy_loss("gpg")
+@POLICY_LOSS_REGISTRY.register("gpg")
 def compute_policy_loss_gpg(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -216,7 +211,7 @@ def compute_policy_loss_gpg(
     return loss, {}
 
 
-@register_policy_loss("clip_cov")
+@POLICY_LOSS_REGISTRY.register("clip_cov")
 def compute_policy_loss_clip_cov(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -258,7 +253,7 @@ def compute_policy_loss_clip_cov(
     )
 
 
-@register_policy_loss("kl_cov")
+@POLICY_LOSS_REGISTRY.register("kl_cov")
 def compute_policy_loss_kl_cov(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+# Value tables of choice keys (checked at config loading, rlflow/config/loading/choices.py).
+RESUME_MODES = ("auto", "force", "disable", "path")  # trainer.resume_mode
+RECOMPUTE_MODES = ("auto", "always")  # actor.recompute_old_log_probs
+
 
 @dataclass
 class ModelConfig:
@@ -265,7 +269,7 @@ class RunConfig(ClusterConfig):
     val_before_train: bool = True
     save_freq: int = -1
     default_local_dir: str = "outputs/checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    resume_mode: str = "auto"  # auto | force | disable | path (rlflow.trainer.checkpoint.RESUME_MODES)
+    resume_mode: str = "auto"  # auto | force | disable | path (RESUME_MODES)
     resume_from_path: Optional[str] = None
     max_ckpt_to_keep: Optional[int] = None
     max_consecutive_skipped_steps: int = 5  # abort after this many non-finite-gradient steps in a row; 0: never

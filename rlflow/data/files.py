@@ -19,11 +19,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
 from rlflow.errors import DataError
+from rlflow.utils.registry import Registry
 
 RowT = TypeVar("RowT")
 RowParser = Callable[[dict[str, Any], Path, int], RowT]
+# File suffix -> the function that reads its rows.
+DATA_FORMAT_REGISTRY: Registry[Callable[[Path], list[dict[str, Any]]]] = Registry("data file format", error=DataError)
 
 
+@DATA_FORMAT_REGISTRY.register(".parquet")
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
     import datasets
 
@@ -35,6 +39,7 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
     return table.to_list()
 
 
+@DATA_FORMAT_REGISTRY.register(".jsonl", ".json")
 def _read_json_lines(path: Path) -> list[dict[str, Any]]:
     """Rows of a json-lines file (or of a ``.json`` file holding one list of objects, or one object)."""
     text = path.read_text()
@@ -66,14 +71,6 @@ def _one_json_object(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-# File suffix -> the function that reads its rows.
-READERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
-    ".parquet": _read_parquet,
-    ".jsonl": _read_json_lines,
-    ".json": _read_json_lines,
-}
-
-
 def resolve_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     """Expand files and folders into the list of dataset files; a missing path raises ``DataError``."""
     if isinstance(paths, (str, Path)):
@@ -82,13 +79,13 @@ def resolve_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     for entry in paths:
         path = Path(entry).expanduser()
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix in READERS and p.is_file())
+            found = sorted(p for p in path.iterdir() if p.suffix in DATA_FORMAT_REGISTRY and p.is_file())
             if not found:
-                raise DataError(f"data folder {path} holds no {'/'.join(READERS)} files")
+                raise DataError(f"data folder {path} holds no {'/'.join(DATA_FORMAT_REGISTRY)} files")
             files.extend(found)
         elif path.is_file():
-            if path.suffix not in READERS:
-                raise DataError(f"data file {path}: unsupported format {path.suffix!r}; use one of {sorted(READERS)}")
+            if path.suffix not in DATA_FORMAT_REGISTRY:
+                raise DataError(f"data file {path}: {DATA_FORMAT_REGISTRY.unknown_message(path.suffix)}")
             files.append(path)
         else:
             raise DataError(f"data file {path} does not exist (check data.train_files / data.val_files)")
@@ -99,7 +96,7 @@ def resolve_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
 
 def read_rows(path: Path, parse_row: RowParser[RowT]) -> list[RowT]:
     """Every row of one file passed through ``parse_row(row, path, index)`` (which raises ``DataError`` for a bad row)."""
-    return [parse_row(row, path, index) for index, row in enumerate(READERS[path.suffix](path))]
+    return [parse_row(row, path, index) for index, row in enumerate(DATA_FORMAT_REGISTRY.get(path.suffix)(path))]
 
 
 def write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from rlflow.config import ConfigError
+from rlflow.utils.registry import Registry, unknown_name_message
 
 
 class OverlongError(ValueError):
@@ -28,38 +29,39 @@ class OverlongError(ValueError):
         self.budget = budget
 
 
+TruncationPolicy = Callable[[int, int], Optional[slice]]
+TRUNCATION_POLICY_REGISTRY: Registry[TruncationPolicy] = Registry("truncation policy", "data.truncation", error=ConfigError)
+
+
+@TRUNCATION_POLICY_REGISTRY.register("error")
 def _error(length: int, budget: int) -> Optional[slice]:
     raise OverlongError(length, budget)
 
 
+@TRUNCATION_POLICY_REGISTRY.register("left")
 def _left(length: int, budget: int) -> Optional[slice]:
     return slice(length - budget, length)
 
 
+@TRUNCATION_POLICY_REGISTRY.register("right")
 def _right(length: int, budget: int) -> Optional[slice]:
     return slice(0, budget)
 
 
+@TRUNCATION_POLICY_REGISTRY.register("filter")
 def _drop(length: int, budget: int) -> Optional[slice]:
     return None
 
 
-TRUNCATION_POLICIES: dict[str, Callable[[int, int], Optional[slice]]] = {
-    "error": _error,
-    "left": _left,
-    "right": _right,
-    "filter": _drop,
-}
-
-
 def check_policy(policy: str, allowed: tuple[str, ...], key: str = "data.truncation") -> None:
-    """Raise ``ConfigError`` naming ``key`` and the allowed policies if ``policy`` is not one of them."""
+    """Raise ``ConfigError`` naming ``key`` and the allowed policies (a dataset's subset of the registry) if
+    ``policy`` is not one of them."""
     if policy not in allowed:
-        raise ConfigError(f"config key {key!r}: must be one of {list(allowed)}, got {policy!r}")
+        raise ConfigError(unknown_name_message("truncation policy", policy, allowed, key))
 
 
 def keep_slice(length: int, budget: int, policy: str) -> Optional[slice]:
     """The tokens to keep of a ``length``-token sample (all of them when it fits), or None to drop it."""
     if length <= budget:
         return slice(0, length)
-    return TRUNCATION_POLICIES[policy](length, budget)
+    return TRUNCATION_POLICY_REGISTRY.get(policy)(length, budget)

@@ -11,7 +11,8 @@ Batch layout (``DataProto.batch``), all ``[B, T]`` and aligned on tokens:
 * ``position_ids`` (optional; default ``cumsum(attention_mask) - 1``);
 * ``loss_mask`` (needed whenever a ``loss_fn`` is given): which tokens the loss covers.
 
-``meta_info`` may carry ``temperature`` (default 1.0) and ``compute_entropy`` (default False).
+``meta_info`` may carry ``temperature`` (default 1.0) and ``compute_entropy`` (default False): ``TEMPERATURE``
+and ``COMPUTE_ENTROPY`` of ``rlflow.meta_info``.
 
 Per-token outputs, ``[B, T]`` in the input order, zero where undefined:
 
@@ -38,7 +39,7 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator, Optional
 
 import torch
 
-from rlflow.engines.common.hf_module import hf_named_tensors
+from rlflow.engines.common.forward.hf_module import hf_named_tensors
 from rlflow.engines.config import EngineConfig, EngineConfigError, StepHyperparams
 from rlflow.protocol import DataProto
 

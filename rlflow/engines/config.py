@@ -74,7 +74,7 @@ class StepHyperparams:
 class LRSchedulerConfig:
     """Learning-rate schedule: linear warmup, then a registered decay shape."""
 
-    name: str = "constant"  # constant | linear | cosine (rlflow.engines.common.lr_schedulers)
+    name: str = "constant"  # constant | linear | cosine (rlflow.engines.common.optim.lr_schedulers)
     warmup_steps: int = 0  # step s < warmup_steps runs at lr * (s + 1) / warmup_steps
     min_lr_ratio: float = 0.0  # decay floor as a fraction of lr
     total_steps: int = 0  # optimizer steps in the run; linear/cosine decay needs it > warmup_steps

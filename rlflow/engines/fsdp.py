@@ -20,7 +20,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-from rlflow.engines.common.models import ForwardModule, decoder_layer_classes
+from rlflow.engines.common.forward.models import ForwardModule, decoder_layer_classes
 from rlflow.engines.common.module_engine import ModuleEngine
 from rlflow.engines.config import EngineConfigError, HFModuleEngineConfig
 from rlflow.engines.registry import EngineRegistry

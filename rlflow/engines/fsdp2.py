@@ -17,20 +17,16 @@ its flat parameters change size under the compiled code.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from rlflow.engines.common.fully_shard import full_tensor, iter_full_tensors, unsynced_grads
-from rlflow.engines.common.layer_compile import compile_layer_forward
-from rlflow.engines.common.models import ForwardModule, decoder_layer_classes
-from rlflow.engines.common.module_engine import ModuleEngine
+from rlflow.engines.common.forward.models import ForwardModule, decoder_layer_classes
+from rlflow.engines.common.fsdp.fully_shard import FullyShardEngine
+from rlflow.engines.common.fsdp.layer_compile import compile_layer_forward
 from rlflow.engines.config import EngineConfigError, HFModuleEngineConfig
 from rlflow.engines.registry import EngineRegistry
 from rlflow.models.loading import resolve_dtype
@@ -50,7 +46,7 @@ class FSDP2EngineConfig(HFModuleEngineConfig):
 
 
 @EngineRegistry.register("fsdp2")
-class FSDP2Engine(ModuleEngine):
+class FSDP2Engine(FullyShardEngine):
     """FSDP2 (``fully_shard``) engine: per-layer units on a 1-D or hybrid 2-D DeviceMesh."""
 
     config_class = FSDP2EngineConfig
@@ -80,20 +76,6 @@ class FSDP2Engine(ModuleEngine):
             fully_shard(layer, **options)
         fully_shard(module, **options)
         return module
-
-    def _grad_reduce_deferral(self) -> Optional[Callable[[], AbstractContextManager[Any]]]:
-        return partial(unsynced_grads, self.module) if self.config.defer_grad_reduce else None
-
-    def _clip_grad_norm(self, max_norm: float) -> float:
-        params = [p for p in self.module.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return full_tensor(norm).item()
-
-    def _iter_full_tensors(self, only: Optional[Callable[[str], bool]] = None) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter_full_tensors(self.module, only)
-
-    def _move_module(self, device: torch.device) -> None:
-        self.module.to(device)
 
     def _layout(self) -> dict[str, Any]:
         return {"dp_replicate": self.config.hybrid_replicate_size}  # dp_shard = world size / dp_replicate

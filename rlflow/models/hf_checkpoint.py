@@ -13,6 +13,8 @@ from typing import Any, Iterator
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from rlflow.utils.registry import unknown_name_message
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -32,7 +34,7 @@ def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
         return name
     key = str(name).lower().removeprefix("torch.")
     if key not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}")
+        raise ValueError(unknown_name_message("dtype", str(name), DTYPES))
     return DTYPES[key]
 
 

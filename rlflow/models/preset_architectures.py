@@ -27,24 +27,24 @@ from transformers import (
 
 from rlflow.utils.registry import Registry
 
-PRESET_ARCHITECTURES: Registry[Callable[[dict[str, Any]], PreTrainedModel]] = Registry(
+PRESET_ARCHITECTURE_REGISTRY: Registry[Callable[[dict[str, Any]], PreTrainedModel]] = Registry(
     "preset architecture", "the preset's `architecture` option"
 )
 
 
-@PRESET_ARCHITECTURES.register("qwen2")
+@PRESET_ARCHITECTURE_REGISTRY.register("qwen2")
 def qwen2(fields: dict[str, Any]) -> PreTrainedModel:
     """A ``Qwen2ForCausalLM`` (full attention in every layer)."""
     return Qwen2ForCausalLM(Qwen2Config(**fields, use_sliding_window=False))
 
 
-@PRESET_ARCHITECTURES.register("qwen3")
+@PRESET_ARCHITECTURE_REGISTRY.register("qwen3")
 def qwen3(fields: dict[str, Any]) -> PreTrainedModel:
     """A ``Qwen3ForCausalLM`` (qk-norm, full attention in every layer)."""
     return Qwen3ForCausalLM(Qwen3Config(**fields, use_sliding_window=False))
 
 
-@PRESET_ARCHITECTURES.register("llama")
+@PRESET_ARCHITECTURE_REGISTRY.register("llama")
 def llama(fields: dict[str, Any]) -> PreTrainedModel:
     """A ``LlamaForCausalLM``."""
     return LlamaForCausalLM(LlamaConfig(**fields))

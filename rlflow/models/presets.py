@@ -38,7 +38,7 @@ import torch
 from safetensors import safe_open
 from transformers import GenerationConfig
 
-from rlflow.models.preset_architectures import PRESET_ARCHITECTURES
+from rlflow.models.preset_architectures import PRESET_ARCHITECTURE_REGISTRY
 from rlflow.models.tokenizer_builder import IM_END, PAD_TOKEN, train_tokenizer
 
 PRESET_MARKER = "rlflow_preset.json"
@@ -50,7 +50,7 @@ SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_at
 
 @dataclass(frozen=True)
 class Preset:
-    """One named preset: its architecture (a ``PRESET_ARCHITECTURES`` name) and shape."""
+    """One named preset: its architecture (a ``PRESET_ARCHITECTURE_REGISTRY`` name) and shape."""
 
     architecture: str
     hidden_size: int
@@ -105,7 +105,7 @@ def preset_options(preset: str = "tiny", **overrides: Any) -> dict[str, Any]:
 
 
 def _check_options(options: dict[str, Any]) -> None:
-    PRESET_ARCHITECTURES.get(options["architecture"])
+    PRESET_ARCHITECTURE_REGISTRY.get(options["architecture"])
     for name in SHAPE_FIELDS:
         value = options[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -194,7 +194,7 @@ def _with_recorded_defaults(built: dict[str, Any], spec: dict[str, Any]) -> dict
 
 def _write_preset(folder: Path, spec: dict[str, Any], corpus: list[str]) -> None:
     options = dict(spec["options"])
-    build_model = PRESET_ARCHITECTURES.get(options.pop("architecture"))
+    build_model = PRESET_ARCHITECTURE_REGISTRY.get(options.pop("architecture"))
     tokenizer = train_tokenizer(corpus, vocab_size=options["vocab_size"],
                                 model_max_length=options["max_position_embeddings"])
     options["vocab_size"] = len(tokenizer)

@@ -3,7 +3,7 @@
 ``Tracking(project, experiment, backends, config, output_dir)`` fans every ``log(metrics,
 step)`` out to the selected trackers; call it once per step with all of that step's metrics
 (verl's names: ``critic/score/mean``, ``actor/pg_loss``, ``timing_s/gen`` ...). A new backend
-is a ``Tracker`` subclass under ``@register_tracker("name")``.
+is a ``Tracker`` subclass under ``@TRACKER_REGISTRY.register("name")``.
 
 | backend | writes |
 |---|---|
@@ -37,7 +37,7 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from rlflow.config import ConfigError
 from rlflow.errors import UserError
@@ -72,11 +72,6 @@ class Tracker(ABC):
 
 
 TRACKER_REGISTRY: Registry[type[Tracker]] = Registry("tracker", "trainer.logger", error=ConfigError, base=Tracker)
-
-
-def register_tracker(name: str) -> Callable[[type[Tracker]], type[Tracker]]:
-    """Class decorator adding a tracker to ``TRACKER_REGISTRY`` under ``name``."""
-    return TRACKER_REGISTRY.register(name)
 
 
 # ---------------------------------------------------------------------------------------- console
@@ -120,7 +115,7 @@ def format_step_line(metrics: dict[str, float], step: int, total_steps: Optional
     return " | ".join(parts)
 
 
-@register_tracker("console")
+@TRACKER_REGISTRY.register("console")
 class ConsoleTracker(Tracker):
     """A progress bar with ETA on stderr and a compact key-metrics line per step on stdout."""
 
@@ -146,7 +141,7 @@ class ConsoleTracker(Tracker):
 JSONL_NAME = "metrics.jsonl"
 
 
-@register_tracker("jsonl")
+@TRACKER_REGISTRY.register("jsonl")
 class JsonlTracker(Tracker):
     """Appends ``{"step": N, ...every metric}`` per step to ``<output_dir>/metrics.jsonl`` (resume-safe).
 
@@ -193,7 +188,7 @@ class JsonlTracker(Tracker):
 
 
 # ---------------------------------------------------------------------------------------- wandb
-@register_tracker("wandb")
+@TRACKER_REGISTRY.register("wandb")
 class WandbTracker(Tracker):
     """A wandb run under ``<output_dir>/wandb``; ``WANDB_MODE=offline`` keeps it local (``wandb sync`` uploads it).
 
@@ -244,7 +239,7 @@ class WandbTracker(Tracker):
 
 
 # ---------------------------------------------------------------------------------------- tensorboard
-@register_tracker("tensorboard")
+@TRACKER_REGISTRY.register("tensorboard")
 class TensorboardTracker(Tracker):
     """Scalars in tensorboard event files under ``<output_dir>/tensorboard``.
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from rlflow.rewards import gsm8k, math_boxed, synthetic  # noqa: F401  (register the built-in rewards)
 from rlflow.rewards.custom import load_custom_function
-from rlflow.rewards.registry import REWARD_REGISTRY, UnknownDataSourceError, get_reward_fn, register_reward
+from rlflow.rewards.registry import REWARD_REGISTRY, UnknownDataSourceError, get_reward_fn
 from rlflow.rewards.scoring import RewardInput, ScoreResult, score_one
 
 _FROM_MANAGER = ("RewardManager", "reward_metrics", "score_batch")
@@ -25,7 +25,6 @@ __all__ = [
     "UnknownDataSourceError",
     "get_reward_fn",
     "load_custom_function",
-    "register_reward",
     "score_one",
     *_FROM_MANAGER,
 ]

@@ -12,7 +12,7 @@ import re
 from typing import Any, Optional
 
 from rlflow.rewards.numbers import parse_number, same_number
-from rlflow.rewards.registry import any_ground_truth, register_reward
+from rlflow.rewards.registry import REWARD_REGISTRY, any_ground_truth
 
 _FINAL_ANSWER = re.compile(r"####\s*(\$?\s*[-+]?[\d,]*\.?\d+)")
 
@@ -29,8 +29,7 @@ def _truth_value(ground_truth: Any) -> Optional[float]:
     return parse_number(text if answer is None else answer)
 
 
-@register_reward("openai/gsm8k")
-@register_reward("gsm8k")
+@REWARD_REGISTRY.register("openai/gsm8k", "gsm8k")
 def gsm8k_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None) -> float:
     """1.0 if the number after the response's last ``####`` equals the ground truth, else 0.0."""
     answer = extract_hash_answer(solution_str)

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from rlflow.data.boxed import last_boxed
 from rlflow.rewards.numbers import parse_number, same_number
-from rlflow.rewards.registry import any_ground_truth, register_reward
+from rlflow.rewards.registry import REWARD_REGISTRY, any_ground_truth
 
 _REMOVALS = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\$", "$", "^{\\circ}", "^\\circ", "\\%", "%")
 _WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
@@ -52,10 +52,7 @@ def answers_match(answer: str, truth: str) -> bool:
     return a == b or same_number(answer_value(a), answer_value(b))
 
 
-@register_reward("math")
-@register_reward("lighteval/MATH")
-@register_reward("DigitalLearningGmbH/MATH-lighteval")
-@register_reward("HuggingFaceH4/MATH-500")
+@REWARD_REGISTRY.register("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 def boxed_math_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None) -> float:
     r"""1.0 if the response's last ``\boxed{}`` matches the ground truth, else 0.0."""
     answer = last_boxed(solution_str)

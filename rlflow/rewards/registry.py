@@ -5,7 +5,7 @@ A reward function has verl's ``compute_score`` signature::
     fn(data_source: str, solution_str: str, ground_truth, extra_info: dict) -> float | dict
 
 (a dict carries ``score`` plus any extra numbers to report). Register one with
-``@register_reward("openai/gsm8k")``; a key with glob characters (``"synthetic/*"``) matches
+``@REWARD_REGISTRY.register("openai/gsm8k")``; a key with glob characters (``"synthetic/*"``) matches
 every data_source it fits. Lookup takes the exact key first, then the longest matching pattern.
 """
 
@@ -26,14 +26,9 @@ class UnknownDataSourceError(UserError, LookupError):
 REWARD_REGISTRY: Registry[RewardFn] = Registry(
     "reward data_source",
     error=UnknownDataSourceError,
-    hint="register one with @rlflow.rewards.register_reward(...) or set reward.custom_function=path/to/file.py:fn",
+    hint="register one with @rlflow.rewards.REWARD_REGISTRY.register(...) or set reward.custom_function=path/to/file.py:fn",
     patterns=True,
 )
-
-
-def register_reward(data_source_or_pattern: str, override: bool = False) -> Callable[[RewardFn], RewardFn]:
-    """Decorator registering a reward function for a data_source (or a glob pattern of them)."""
-    return REWARD_REGISTRY.register(data_source_or_pattern, override=override)
 
 
 def get_reward_fn(data_source: str) -> RewardFn:

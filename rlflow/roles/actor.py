@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from rlflow.algos.rollout_correction import ROLLOUT_CORRECTION_META_KEY
+from rlflow.meta_info import COMPUTE_ENTROPY, METRICS, OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, TEMPERATURE
 from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch
 from rlflow.roles.engine_role import EngineRole, renamed_or_empty, response_columns, response_log_probs
-from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, make_policy_loss_fn
+from rlflow.roles.losses import make_policy_loss_fn
 from rlflow.roles.reference import REF_MESH, ref_log_probs
 from rlflow.rollout import publish_weights
 from rlflow.utils.logging import get_logger
@@ -33,7 +33,7 @@ def reference_is_base_model(actor_config: Any) -> bool:
 class Actor(EngineRole):
     """Hosts the policy engine: log-probs, and the policy-gradient update in controller-driven steps.
 
-    ``data.meta_info["temperature"]`` (the rollout's sampling temperature) scales the logits.
+    ``TEMPERATURE`` in ``data.meta_info`` (the rollout's sampling temperature) scales the logits.
     """
 
     def __init__(self, actor_config: Any, model_path: str | Path):
@@ -57,43 +57,45 @@ class Actor(EngineRole):
     @register(dispatch_mode=DP_COMPUTE, mesh=ACTOR_MESH)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` ``[B, R]`` of the responses under the current policy."""
-        out = response_log_probs(self.engine, data, data.meta_info.get("temperature", 1.0), with_entropy=True)
+        out = response_log_probs(self.engine, data, TEMPERATURE.read(data.meta_info), with_entropy=True)
         return renamed_or_empty(out, ["log_probs", "entropy"], ["old_log_probs", "entropys"])
 
     @register(dispatch_mode=DP_COMPUTE, mesh=ACTOR_MESH)
     def forward_backward(self, data: DataProto) -> DataProto:
         """Accumulate the policy-loss gradient of one mini-batch (this rank's share of it).
 
-        Returns the ``actor/...`` metrics in ``meta_info["metrics"]``. With
-        ``meta_info[OLD_LOG_PROBS_FROM_UPDATE]`` the batch needs no ``old_log_probs`` (the loss
+        Returns the ``actor/...`` metrics in ``meta_info`` ``METRICS``. With
+        ``OLD_LOG_PROBS_FROM_UPDATE`` set the batch needs no ``old_log_probs`` (the loss
         takes the detached current ones), entropy is always computed (the step's metric), and the
         result also holds the update forward's ``log_probs`` and ``entropy`` ``[B, R]`` of the rows,
         in their order; otherwise no per-token column travels back to the driver.
 
         Rollout correction: ``rollout_is_weights`` (decoupled mode) go to the loss when the batch holds
-        them, and ``meta_info[ROLLOUT_CORRECTION_META_KEY]`` (bypass mode) selects the bypass loss; its
-        ``rollout_corr/*`` metrics come back with the ``actor/*`` ones.
+        them, and ``ROLLOUT_CORRECTION`` in ``meta_info`` (bypass mode) selects the bypass loss; its
+        ``rollout_corr/*`` metrics come back with the ``actor/*`` ones. Bypass mode has no old-log-prob
+        pass, so entropy is computed here and reported as the loss's ``actor/entropy``.
         """
-        on_policy = bool(data.meta_info.get(OLD_LOG_PROBS_FROM_UPDATE, False))
-        bypass = data.meta_info.get(ROLLOUT_CORRECTION_META_KEY)
+        on_policy = OLD_LOG_PROBS_FROM_UPDATE.read(data.meta_info)
+        bypass = ROLLOUT_CORRECTION.read(data.meta_info)
         if on_policy and bypass is not None:
             raise ValueError("bypass mode takes the rollout's log-probs as the old ones; the batch cannot also ask "
-                             f"for the update forward's ({OLD_LOG_PROBS_FROM_UPDATE})")
+                             f"for the update forward's ({OLD_LOG_PROBS_FROM_UPDATE.name})")
         inputs = ("advantages",) if on_policy else POLICY_INPUTS
         extra = inputs + (("ref_log_prob",) if self.actor_config.use_kl_loss else ())
         extra += tuple(key for key in ROLLOUT_CORRECTION_INPUTS if key in data.batch)
         view = engine_batch(data, extra_keys=extra)
         view.meta_info = {
-            "temperature": data.meta_info.get("temperature", 1.0),
-            "compute_entropy": on_policy or self.actor_config.entropy_coeff != 0,
-            OLD_LOG_PROBS_FROM_UPDATE: on_policy,
+            TEMPERATURE.name: TEMPERATURE.read(data.meta_info),
+            # the step's entropy metric comes from this forward when no separate pass computed it
+            COMPUTE_ENTROPY.name: on_policy or bypass is not None or self.actor_config.entropy_coeff != 0,
+            OLD_LOG_PROBS_FROM_UPDATE.name: on_policy,
         }
         if bypass is not None:
-            view.meta_info[ROLLOUT_CORRECTION_META_KEY] = bypass
+            view.meta_info[ROLLOUT_CORRECTION.name] = bypass
         with self.engine.train_mode():
             outputs, metrics = self.engine.forward_backward(view, self.loss_fn)
         result = response_columns(outputs, data) if on_policy and self.engine.mesh.is_collect else DataProto()
-        result.meta_info["metrics"] = {key: value for key, value in metrics.items() if key.startswith(METRIC_PREFIXES)}
+        result.meta_info[METRICS.name] = {key: value for key, value in metrics.items() if key.startswith(METRIC_PREFIXES)}
         return result
 
     @register(dispatch_mode=ONE_TO_ALL)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from rlflow.meta_info import MINI_BATCH_SIZE, SEED
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch, response_length, state_values_slice
 from rlflow.roles.engine_role import EngineRole, forward_only
@@ -38,18 +39,18 @@ class Critic(EngineRole):
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """PPO value updates over this rank's share: ``critic.ppo_epochs`` x mini-batches.
 
-        ``data.meta_info["mini_batch_size"]`` is the global mini-batch size in sequences. Besides the
+        ``MINI_BATCH_SIZE`` in ``data.meta_info`` is the global mini-batch size in sequences (``SEED`` seeds the shuffle). Besides the
         mean loss and optimizer metrics (``critic/skipped``: the fraction of skipped optimizer steps,
         ``critic/skipped_steps``: the engine's count, as the actor reports them), it reports
         ``critic/optim_steps`` and ``critic/trailing_skipped_steps`` (how many of the last optimizer
         steps were skipped in a row) for the driver's divergence guard.
         """
         cfg = self.critic_config
-        local_mini_batch = max(1, data.meta_info["mini_batch_size"] // self.engine.mesh.dp_size)
+        local_mini_batch = max(1, MINI_BATCH_SIZE.read(data.meta_info) // self.engine.mesh.dp_size)
         view = engine_batch(data, extra_keys=("values", "returns"))
         step_metrics, skipped = [], []
         with self.engine.train_mode():
-            for mini_batch in view.make_iterator(local_mini_batch, cfg.ppo_epochs, cfg.shuffle, seed=data.meta_info.get("seed", 0)):
+            for mini_batch in view.make_iterator(local_mini_batch, cfg.ppo_epochs, cfg.shuffle, seed=SEED.read(data.meta_info)):
                 _, metrics = self.engine.forward_backward(mini_batch, self.loss_fn)
                 step = self.engine.optim_step()
                 skipped.append(bool(step["skipped"]))

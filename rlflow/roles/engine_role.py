@@ -9,6 +9,7 @@ import torch
 
 from rlflow.engines.base import BaseEngine
 from rlflow.engines.registry import build_engine
+from rlflow.meta_info import COMPUTE_ENTROPY, TEMPERATURE
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch, response_length, response_slice
 from rlflow.workers import ONE_TO_ALL, Worker, register
@@ -37,7 +38,7 @@ def response_log_probs(engine: BaseEngine, data: DataProto, temperature: float, 
     """Forward-only log-probs (and entropy) of the response tokens: ``log_probs``/``entropy`` ``[B, R]``
     (``None`` on ranks that are not collect ranks)."""
     view = engine_batch(data)
-    view.meta_info = {"temperature": temperature, "compute_entropy": with_entropy}
+    view.meta_info = {TEMPERATURE.name: temperature, COMPUTE_ENTROPY.name: with_entropy}
     outputs = forward_only(engine, view)
     return None if outputs is None else response_columns(outputs, data)
 

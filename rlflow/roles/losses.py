@@ -15,15 +15,11 @@ from typing import Any
 import torch
 
 from rlflow.algos import agg_loss, compute_value_loss, get_policy_loss_fn, kl_penalty, masked_mean
-from rlflow.algos.rollout_correction import BYPASS_LOSS_MODE, ROLLOUT_CORRECTION_META_KEY
+from rlflow.algos.rollout_correction import BYPASS_LOSS_MODE
 from rlflow.engines.base import LossContext, LossFn
+from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import response_length, response_slice, state_values_slice
-
-# ``meta_info`` flag of an on-policy update batch: its old log-probs are the update forward's own
-# (detached), so the batch carries no ``old_log_probs`` (docs/algorithms.md, "Old log-probs").
-OLD_LOG_PROBS_FROM_UPDATE = "old_log_probs_from_update"
-
 
 def global_batch_info(ctx: LossContext) -> dict[str, int]:
     """``agg_loss`` keyword arguments for global normalization."""
@@ -38,9 +34,9 @@ def make_policy_loss_fn(actor_config: Any) -> LossFn:
     """PPO-family policy loss (``actor.policy_loss.loss_mode``) + entropy bonus + optional KL loss.
 
     The old log-probs are ``micro.batch["old_log_probs"]``, or the detached current ones when
-    ``micro.meta_info[OLD_LOG_PROBS_FROM_UPDATE]`` is set. Rollout correction: a batch's
-    ``rollout_is_weights`` go to the loss as ``rollout_is_weights=``; a batch whose
-    ``meta_info[ROLLOUT_CORRECTION_META_KEY]`` holds bypass-mode settings runs the ``bypass_mode``
+    ``OLD_LOG_PROBS_FROM_UPDATE`` (``rlflow.meta_info``) is set in ``micro.meta_info``. Rollout correction: a
+    batch's ``rollout_is_weights`` go to the loss as ``rollout_is_weights=``; a batch whose
+    ``ROLLOUT_CORRECTION`` meta_info holds bypass-mode settings runs the ``bypass_mode``
     loss with them as ``config.policy_loss.rollout_correction``. Entropy, when the engine computed
     it, is reported as ``actor/entropy`` and enters the loss only with a non-zero ``entropy_coeff``.
     """
@@ -55,9 +51,9 @@ def make_policy_loss_fn(actor_config: Any) -> LossFn:
         mask = micro.batch["response_mask"]
         log_prob = response_slice(outputs["log_probs"], length)
         info = global_batch_info(ctx)
-        on_policy = micro.meta_info.get(OLD_LOG_PROBS_FROM_UPDATE, False)
+        on_policy = OLD_LOG_PROBS_FROM_UPDATE.read(micro.meta_info)
         old_log_prob = log_prob.detach() if on_policy else micro.batch["old_log_probs"]
-        bypass = micro.meta_info.get(ROLLOUT_CORRECTION_META_KEY)
+        bypass = ROLLOUT_CORRECTION.read(micro.meta_info)
         if bypass is None:
             policy_fn, loss_config = policy_loss, LossConfigView(plain_config, global_batch_info=info)
         else:

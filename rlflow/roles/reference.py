@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rlflow.engines.base import BaseEngine
+from rlflow.meta_info import TEMPERATURE
 from rlflow.protocol import DataProto
 from rlflow.roles.engine_role import EngineRole, renamed_or_empty, response_log_probs
 from rlflow.workers import DP_COMPUTE, register
@@ -15,7 +16,7 @@ REF_MESH = "ref"
 
 def ref_log_probs(engine: BaseEngine, data: DataProto) -> DataProto:
     """``ref_log_prob`` ``[B, R]`` of the responses under ``engine`` as it is (empty on non-collect ranks)."""
-    out = response_log_probs(engine, data, data.meta_info.get("temperature", 1.0), with_entropy=False)
+    out = response_log_probs(engine, data, TEMPERATURE.read(data.meta_info), with_entropy=False)
     return renamed_or_empty(out, ["log_probs"], ["ref_log_prob"])
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlflow.engines import BaseEngine
+from rlflow.meta_info import METRICS, SAMPLING, VALIDATE
 from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.rollout import BaseRollout, build_rollout, stream_published_weights, syncs_adapters
@@ -41,9 +42,9 @@ class RolloutMethods:
     """The controller-facing rollout methods, for any worker that sets ``self.rollout`` (a
     ``BaseRollout``) and ``self.config`` (its ``RolloutConfig``) and registers the ``rollout`` mesh.
 
-    ``prompts.meta_info["validate"] = True`` selects ``config.val_kwargs`` sampling instead of
-    the training keys, and ``meta_info["sampling"]`` (a dict of ``SamplingConfig`` keys, plus
-    ``stop_token_ids``) sets this request's own; ``meta_info["global_step"]`` enters the sampling seeds.
+    ``VALIDATE`` in ``prompts.meta_info`` (``rlflow.meta_info``) selects ``config.val_kwargs`` sampling
+    instead of the training keys, and ``SAMPLING`` (a dict of ``SamplingConfig`` keys, plus
+    ``stop_token_ids``) sets this request's own; ``GLOBAL_STEP`` enters the sampling seeds.
     """
 
     rollout: Any
@@ -55,12 +56,12 @@ class RolloutMethods:
         reduce={"timing_s/generate": "max", "rollout/generated_tokens": "sum"},
     )
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate this replica's share; per-replica timing goes to ``meta_info["metrics"]``."""
-        validate = bool(prompts.meta_info.get("validate", False))
-        sampling = prompts.meta_info.get("sampling", self.config.val_kwargs if validate else None)
+        """Generate this replica's share; per-replica timing goes to ``meta_info`` ``METRICS``."""
+        meta = prompts.meta_info
+        sampling = SAMPLING.read(meta) if SAMPLING.name in meta else (self.config.val_kwargs if VALIDATE.read(meta) else None)
         start = time.perf_counter()
         output = self.rollout.generate(prompts, sampling)
-        output.meta_info["metrics"] = {
+        output.meta_info[METRICS.name] = {
             "timing_s/generate": time.perf_counter() - start,
             "rollout/generated_tokens": float(output.batch["response_mask"].sum()),
         }

@@ -4,18 +4,19 @@ A backend only implements ``_sample`` (token ids in, n sampled responses out, wi
 log-probs when ``rollout.calculate_log_probs`` asks for them) and ``update_weights``; prompt
 unpadding, the overflow policy, response ends, seeds and the output DataProto are shared
 (``rlflow.rollout.processing``), so every backend returns the same layout. Add a backend with
-``@register_rollout("name")`` on its class.
+``@ROLLOUT_REGISTRY.register("name")`` on its class.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Optional, TypeVar
+from typing import Any, ClassVar, Iterable, Optional
 
 import torch
 
 from rlflow.config.validation import ConfigError
+from rlflow.meta_info import GLOBAL_STEP
 from rlflow.models.loading import load_tokenizer
 from rlflow.protocol import DataProto
 from rlflow.rollout.processing import (
@@ -64,7 +65,7 @@ class BaseRollout(ABC):
     def generate(self, prompts: DataProto, sampling: Any = None) -> DataProto:
         """``sampling.n`` responses per prompt row; ``sampling`` defaults to the config's training keys.
 
-        ``prompts.meta_info["global_step"]`` (default 0) enters the seeds, so each step samples
+        ``GLOBAL_STEP`` in ``prompts.meta_info`` (default 0) enters the seeds, so each step samples
         afresh and a rerun with the same seed reproduces every step.
         """
         if not self._weights_valid:
@@ -79,7 +80,7 @@ class BaseRollout(ABC):
         )
         seed_key = None
         if params.seed is not None:
-            seed_key = (int(params.seed), int(prompts.meta_info.get("global_step", 0)), self.replica_rank)
+            seed_key = (int(params.seed), GLOBAL_STEP.read(prompts.meta_info), self.replica_rank)
         responses, log_probs = self._sample(tokens, params, seed_key)
         end = ResponseEnd(self.end_token_ids(params), params.stop, self.tokenizer)
         responses, log_probs = cut_responses(responses, log_probs, end)
@@ -159,12 +160,6 @@ class BaseRollout(ABC):
 ROLLOUT_REGISTRY: Registry[type[BaseRollout]] = Registry(
     "rollout backend", "rollout.name", error=ConfigError, base=BaseRollout
 )
-R = TypeVar("R", bound=type[BaseRollout])
-
-
-def register_rollout(name: str) -> Callable[[R], R]:
-    """Class decorator: make a ``BaseRollout`` subclass available as ``rollout.name: <name>``."""
-    return ROLLOUT_REGISTRY.register(name)
 
 
 def rollout_names() -> list[str]:

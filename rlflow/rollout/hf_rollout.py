@@ -20,7 +20,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from rlflow.models.loading import load_causal_lm
-from rlflow.rollout.base import BaseRollout, SeedKey, register_rollout
+from rlflow.rollout.base import ROLLOUT_REGISTRY, BaseRollout, SeedKey
 from rlflow.rollout.processing import ResponseEnd
 from rlflow.rollout.sampling import Sampling, request_seed
 from rlflow.rollout.weight_sync import NamedTensors
@@ -37,7 +37,7 @@ class _StopAtResponseEnd(StoppingCriteria):
         return torch.tensor([self.end.end(row) is not None for row in responses], device=input_ids.device)
 
 
-@register_rollout("hf")
+@ROLLOUT_REGISTRY.register("hf")
 class HFRollout(BaseRollout):
     """Rollout with Hugging Face ``generate`` on the rollout's own copy of the model."""
 

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from rlflow.engines.common.hf_export import write_peft_adapter_folder
+from rlflow.engines.common.checkpoint.hf_export import write_peft_adapter_folder
 from rlflow.rollout.weight_sync import NamedTensors
 
 __all__ = ["LORA_SYNC_MODES", "LocalAdapter", "syncs_adapters", "vllm_lora_rank"]

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from rlflow.config.validation import ConfigError
 from rlflow.rollout import vllm_cpu_compat
-from rlflow.rollout.base import BaseRollout, SeedKey, register_rollout
+from rlflow.rollout.base import ROLLOUT_REGISTRY, BaseRollout, SeedKey
 from rlflow.rollout.sampling import Sampling, request_seed
 from rlflow.rollout.lora_adapter import LocalAdapter, syncs_adapters
 from rlflow.rollout.weight_sync import CheckedWeightStream, NamedTensors, iter_buckets
@@ -59,7 +59,7 @@ def _keep_default_process_group(host_owns_group: bool) -> Iterator[None]:
         dist.destroy_process_group = destroy
 
 
-@register_rollout("vllm")
+@ROLLOUT_REGISTRY.register("vllm")
 class VLLMRollout(BaseRollout):
     """Rollout on an in-process ``vllm.LLM`` with bucketed in-place weight reloads (or LoRA adapters)."""
 

@@ -23,12 +23,13 @@ from omegaconf import OmegaConf
 
 from rlflow.engines.config import StepHyperparams
 from rlflow.errors import UserError
+from rlflow.meta_info import METRICS
 from rlflow.protocol import DataProto
 from rlflow.service.batches import Datum, per_datum_logprobs
 from rlflow.service.catalogue import BaseModel, LoraShape
 from rlflow.service.scheduler import HostScheduler
 from rlflow.service.model_worker import BaseModelWorker
-from rlflow.trainer.timeouts import group_timeouts
+from rlflow.config.loading.timeouts import group_timeouts
 from rlflow.utils.logging import get_logger
 from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
 
@@ -129,10 +130,10 @@ class BaseModelHost:
 
     def forward_backward(self, model: TrainingModel, batch: DataProto, data: list[Datum]) -> tuple[list[list[float]], dict]:
         """Run ``batch`` (``training_batch`` of ``data``, its loss in ``meta_info``): per-datum target log-probs
-        and ``{"loss:sum": ...}``; gradients accumulate unless ``meta_info["forward_only"]``."""
+        and ``{"loss:sum": ...}``; gradients accumulate unless ``FORWARD_ONLY`` (``rlflow.meta_info``)."""
         self.activate(model)
         output = self._role.forward_backward(batch)
-        return per_datum_logprobs(output.batch["log_probs"], data), output.meta_info.get("metrics", {})
+        return per_datum_logprobs(output.batch["log_probs"], data), METRICS.read(output.meta_info)
 
     def optim_step(self, model: TrainingModel, lr: float, hyperparams: StepHyperparams) -> dict[str, float]:
         """One AdamW step of ``model``'s adapters (refused once after its gradients were dropped)."""
@@ -170,7 +171,7 @@ class BaseModelHost:
         self.sampler = ("adapters", str(folder))
 
     def sample(self, adapter_folder: Optional[str], prompts: DataProto) -> DataProto:
-        """Generate for ``prompts`` (``meta_info["sampling"]`` set) with the base model plus the saved
+        """Generate for ``prompts`` (``SAMPLING`` set in its ``meta_info``) with the base model plus the saved
         adapters in ``adapter_folder`` (None: the base model alone)."""
         wanted = ("base", None) if adapter_folder is None else ("adapters", adapter_folder)
         if self.sampler != wanted:

@@ -9,22 +9,20 @@ model, and an engine that trains LoRA adapters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from omegaconf import DictConfig
 
 from rlflow.config import ConfigError
+from rlflow.config.loading.choices import Choice, mounted_engine_choices, rollout_choices
+from rlflow.config.loading.dtype_guard import ppo_dtype_keys
+from rlflow.config.loading.entry_point import EntryPoint
 from rlflow.config.schema import ClusterConfig, RolloutConfig
 from rlflow.engines.base import Capability
 from rlflow.engines.registry import EngineRegistry
-from rlflow.trainer.config_choices import Choice, engine_choices, rollout_choices
-from rlflow.trainer.config_loading import compose_entry_config, load_entry_config
-from rlflow.trainer.dtype_guard import ppo_dtype_keys
 from rlflow.utils.device import DEVICES
 
 ENGINE_MOUNTS = ("engine",)
-GROUP_SHORTHANDS = {"engine": "engine"}  # engine=fsdp picks rlflow/configs/engine/fsdp.yaml
-FREE_FORM_MAPPINGS = ("service.models",)  # service.models.NAME=/folder adds a base model
 API_KEY_PREFIX = "tml-"  # the SDK refuses any other key before it sends a request
 
 
@@ -58,10 +56,9 @@ class ServiceAppConfig:
     trainer: ClusterConfig = field(default_factory=ClusterConfig)  # where the worker groups run
 
 
-def service_choices(engine_mounts: Iterable[str]) -> list[Choice]:
+def _service_choices() -> list[Choice]:
     """Every choice key of the service's config."""
-    return [Choice("trainer.device", DEVICES), *rollout_choices(),
-            *(choice for mount in engine_mounts for choice in engine_choices(mount))]
+    return [Choice("trainer.device", DEVICES, "device"), *rollout_choices(), *mounted_engine_choices(ENGINE_MOUNTS)]
 
 
 def _check_service(config: DictConfig) -> None:
@@ -89,13 +86,18 @@ def _check_service(config: DictConfig) -> None:
                           f"use one of {lora_engines}")
 
 
-def load_service_config(cfg: DictConfig) -> DictConfig:
-    """Validate a composed ``service`` config; raises a ``UserError`` naming the bad key."""
-    config = load_entry_config(cfg, ServiceAppConfig, ENGINE_MOUNTS, service_choices, ppo_dtype_keys, ())
-    _check_service(config)
-    return config
+SERVICE_ENTRY = EntryPoint(
+    config_name="service",
+    schema=ServiceAppConfig,
+    choices=_service_choices,
+    dtype_keys=lambda: ppo_dtype_keys(ENGINE_MOUNTS),
+    engine_mounts=ENGINE_MOUNTS,
+    group_shorthands={"engine": "engine"},  # engine=fsdp picks rlflow/configs/engine/fsdp.yaml
+    free_form_mappings=("service.models",),  # service.models.NAME=/folder adds a base model
+    checks=(_check_service,),
+)
 
 
 def compose_service_config(overrides: Sequence[str]) -> DictConfig:
     """The validated config ``python -m rlflow.service`` builds from these command-line overrides, composed in-process."""
-    return load_service_config(compose_entry_config("service", overrides, GROUP_SHORTHANDS, FREE_FORM_MAPPINGS))
+    return SERVICE_ENTRY.compose(overrides)

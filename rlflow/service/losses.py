@@ -1,4 +1,4 @@
-"""The Tinker API's built-in loss functions, as engine ``LossFn``s, in a registry by Tinker name.
+"""The Tinker API's built-in loss functions, as engine ``LossFn``s, in ``TINKER_LOSS_REGISTRY`` by Tinker name.
 
 A Tinker datum is one sequence: ``model_input`` (N tokens) and per-position ``loss_fn_inputs``
 (``target_tokens``, ``weights``, the sampler's ``logprobs``, ``advantages``), where position
@@ -38,24 +38,20 @@ class LossInputError(UserError, ValueError):
     """A datum lacks an input its loss function needs, or names an unknown loss configuration key."""
 
 
-LOSS_FUNCTIONS: Registry[TokenLoss] = Registry("loss function", "loss_fn", error=LossInputError)
-
-
-def register_loss(name: str, inputs: tuple[str, ...], config: Mapping[str, float] | None = None) -> Callable[[TokenLoss], TokenLoss]:
-    """Register ``token_loss(log_probs, micro_batch, loss_fn_config) -> per-token loss [b, T]`` as Tinker's
-    ``name``; ``inputs`` are the ``loss_fn_inputs`` it requires besides ``target_tokens``, ``config`` the
-    ``loss_fn_config`` keys it reads with their defaults."""
-    return LOSS_FUNCTIONS.register(name, inputs=inputs, config=dict(config or {}))
+# Each entry is ``token_loss(log_probs, micro_batch, loss_fn_config) -> per-token loss [b, T]`` under its Tinker
+# name, registered with ``inputs=`` (the ``loss_fn_inputs`` it needs besides ``target_tokens``; none if left out)
+# and ``config=`` (the ``loss_fn_config`` keys it reads, with their defaults; none if left out).
+TINKER_LOSS_REGISTRY: Registry[TokenLoss] = Registry("loss function", "loss_fn", error=LossInputError)
 
 
 def loss_inputs(name: str) -> tuple[str, ...]:
     """The ``loss_fn_inputs`` (besides ``target_tokens``) that loss ``name`` needs (unknown: ``LossInputError``)."""
-    return LOSS_FUNCTIONS.metadata(name)["inputs"]
+    return tuple(TINKER_LOSS_REGISTRY.metadata(name).get("inputs", ()))
 
 
 def loss_config(name: str, given: Mapping[str, Any] | None) -> dict[str, float]:
     """``loss_fn_config`` for ``name``: its defaults with ``given`` on top; an unknown key is refused."""
-    defaults = LOSS_FUNCTIONS.metadata(name)["config"]
+    defaults = dict(TINKER_LOSS_REGISTRY.metadata(name).get("config", {}))
     unknown = sorted(set(given or {}) - set(defaults))
     if unknown:
         raise LossInputError(f"loss_fn_config keys {unknown} are not read by {name!r} (it reads {sorted(defaults) or 'none'})")
@@ -70,19 +66,20 @@ def _ratio(log_probs: torch.Tensor, micro: DataProto) -> torch.Tensor:
     return torch.exp(log_probs - _column(micro, "logprobs"))
 
 
-@register_loss("cross_entropy", ())
+@TINKER_LOSS_REGISTRY.register("cross_entropy")
 def cross_entropy(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) -> torch.Tensor:
     """Weighted negative log-likelihood of the targets (``weights`` is optional: 1 where absent)."""
     return -_column(micro, "weights") * log_probs
 
 
-@register_loss("importance_sampling", ("logprobs", "advantages"))
+@TINKER_LOSS_REGISTRY.register("importance_sampling", inputs=("logprobs", "advantages"))
 def importance_sampling(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) -> torch.Tensor:
     """REINFORCE corrected for the sampler: ``-(p/q) * A``."""
     return -_ratio(log_probs, micro) * _column(micro, "advantages")
 
 
-@register_loss("ppo", ("logprobs", "advantages"), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
+@TINKER_LOSS_REGISTRY.register("ppo", inputs=("logprobs", "advantages"),
+                               config={"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
 def ppo(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) -> torch.Tensor:
     """PPO's clipped surrogate, token by token: ``-min(r A, clip(r, low, high) A)``."""
     ratio, advantages = _ratio(log_probs, micro), _column(micro, "advantages")
@@ -90,14 +87,15 @@ def ppo(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) 
     return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
-@register_loss("cispo", ("logprobs", "advantages"), {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0})
+@TINKER_LOSS_REGISTRY.register("cispo", inputs=("logprobs", "advantages"),
+                               config={"clip_low_threshold": 0.0, "clip_high_threshold": 4.0})
 def cispo(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) -> torch.Tensor:
     """CISPO: the clipped ratio as a constant weight on the log-likelihood, ``-sg(clip(r)) * log p * A``."""
     weight = _ratio(log_probs, micro).detach().clamp(config["clip_low_threshold"], config["clip_high_threshold"])
     return -weight * log_probs * _column(micro, "advantages")
 
 
-@register_loss("dro", ("logprobs", "advantages"), {"beta": 0.1})
+@TINKER_LOSS_REGISTRY.register("dro", inputs=("logprobs", "advantages"), config={"beta": 0.1})
 def dro(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) -> torch.Tensor:
     """DRO: the policy gradient with a quadratic penalty on the drift from the sampler,
     ``-(log p * A - beta / 2 * (log p - log q)^2)``."""
@@ -107,7 +105,7 @@ def dro(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) 
 
 def make_loss_fn(name: str, config: Mapping[str, float]) -> LossFn:
     """The engine ``LossFn`` of Tinker loss ``name``: the masked sum of its per-token loss (see the module doc)."""
-    token_loss = LOSS_FUNCTIONS.get(name)
+    token_loss = TINKER_LOSS_REGISTRY.get(name)
 
     def loss_fn(outputs: dict[str, torch.Tensor], micro: DataProto, ctx: LossContext) -> tuple[torch.Tensor, dict]:
         mask = micro.batch["loss_mask"].to(outputs["log_probs"].dtype)

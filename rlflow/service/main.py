@@ -16,9 +16,8 @@ from omegaconf import DictConfig
 from rlflow.errors import UserError
 from rlflow.service.app import build_app
 from rlflow.service.catalogue import BaseModel, load_base_models
-from rlflow.service.config import FREE_FORM_MAPPINGS, GROUP_SHORTHANDS, load_service_config
+from rlflow.service.config import SERVICE_ENTRY
 from rlflow.service.service import TinkerService
-from rlflow.trainer.entry import run_hydra_entry
 from rlflow.utils.logging import get_logger
 from rlflow.workers import init_ray, shutdown_ray
 
@@ -48,9 +47,8 @@ def prepare(config: DictConfig) -> tuple[dict[str, BaseModel], Path]:
     return catalogue, work_dir
 
 
-def serve(cfg: DictConfig) -> None:
-    """Validate the config, start Ray and serve until interrupted."""
-    config = load_service_config(cfg)
+def serve(config: DictConfig) -> None:
+    """Start Ray with a validated service config and serve until interrupted."""
     service_config = config.service
     catalogue, work_dir = prepare(config)
     trainer = config.trainer
@@ -67,7 +65,7 @@ def serve(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_hydra_entry("service", serve, GROUP_SHORTHANDS, FREE_FORM_MAPPINGS)
+    SERVICE_ENTRY.run(serve)
 
 
 if __name__ == "__main__":

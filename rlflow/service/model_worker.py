@@ -15,8 +15,9 @@ from typing import Any, Optional
 
 import torch
 
-from rlflow.engines.common.lora_export import merged_peft_folder
+from rlflow.engines.common.checkpoint.lora_export import merged_peft_folder
 from rlflow.engines.config import StepHyperparams
+from rlflow.meta_info import FORWARD_ONLY, LOSS_FN, LOSS_FN_CONFIG, METRICS
 from rlflow.models.hf_checkpoint import resolve_dtype, safetensors_weights
 from rlflow.protocol import DataProto
 from rlflow.roles.engine_role import EngineRole
@@ -39,18 +40,18 @@ class BaseModelWorker(RolloutMethods, EngineRole):
 
     @register(dispatch_mode=DP_COMPUTE, mesh=TRAIN_MESH)
     def forward_backward(self, batch: DataProto) -> DataProto:
-        """The Tinker loss ``meta_info["loss_fn"]`` (config ``meta_info["loss_fn_config"]``) on this rank's
-        share: gradients accumulate unless ``meta_info["forward_only"]``. Returns ``log_probs`` ``[B, T]``
-        (collect ranks) and ``meta_info["metrics"]`` (``loss:sum``, the global sum)."""
-        loss_fn = make_loss_fn(batch.meta_info["loss_fn"], batch.meta_info.get("loss_fn_config", {}))
-        if batch.meta_info.get("forward_only", False):
+        """The Tinker loss ``LOSS_FN`` (options ``LOSS_FN_CONFIG``; ``rlflow.meta_info``) on this rank's
+        share: gradients accumulate unless ``FORWARD_ONLY``. Returns ``log_probs`` ``[B, T]`` (collect
+        ranks) and ``METRICS`` (``loss:sum``, the global sum)."""
+        loss_fn = make_loss_fn(LOSS_FN.read(batch.meta_info), LOSS_FN_CONFIG.read(batch.meta_info))
+        if FORWARD_ONLY.read(batch.meta_info):
             with self.engine.eval_mode(), torch.no_grad():
                 outputs, metrics = self.engine.forward_backward(batch, loss_fn, forward_only=True)
         else:
             with self.engine.train_mode():
                 outputs, metrics = self.engine.forward_backward(batch, loss_fn)
         result = outputs.select(batch_keys=["log_probs"]) if self.engine.mesh.is_collect else DataProto()
-        result.meta_info["metrics"] = {"loss:sum": metrics["loss:sum"]}
+        result.meta_info[METRICS.name] = {"loss:sum": metrics["loss:sum"]}
         return result
 
     @register(dispatch_mode=ONE_TO_ALL)

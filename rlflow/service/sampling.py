@@ -20,6 +20,7 @@ from itertools import accumulate
 from typing import Any, Hashable, Optional
 
 from rlflow.errors import UserError
+from rlflow.meta_info import SAMPLING
 from rlflow.protocol import DataProto
 from rlflow.rollout.processing import left_pad
 from rlflow.service.catalogue import BaseModel
@@ -59,7 +60,7 @@ class SamplingRequest:
 
     @cached_property
     def rollout_sampling(self) -> dict[str, Any]:
-        """The rollout's per-request sampling keys (``RolloutMethods.generate_sequences``' ``meta_info["sampling"]``)."""
+        """The rollout's per-request sampling keys (``RolloutMethods.generate_sequences``' ``meta_info`` ``SAMPLING``)."""
         params = self.params
         stop = params.get("stop")
         stops = [stop] if isinstance(stop, (str, int)) else list(stop or [])
@@ -101,7 +102,7 @@ def rollout_prompts(requests: list[SamplingRequest], pad_token_id: int) -> DataP
     ids, mask = left_pad([request.prompt for request in requests], width, pad_token_id)
     prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask,
                                    "position_ids": (mask.cumsum(dim=1) - 1).clamp(min=0)})
-    prompts.meta_info = {"sampling": requests[0].rollout_sampling}
+    prompts.meta_info = {SAMPLING.name: requests[0].rollout_sampling}
     return prompts
 
 

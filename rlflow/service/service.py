@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from rlflow.errors import UserError
+from rlflow.meta_info import FORWARD_ONLY, LOSS_FN, LOSS_FN_CONFIG
 from rlflow.service.base_models import BaseModelHost, TrainingModel
 from rlflow.service.batches import training_batch
 from rlflow.service.catalogue import BaseModel, CheckpointFolders, LoraShape, UnknownModelError, find_base_model
@@ -231,8 +232,8 @@ class TinkerService:
         def prepare(client: Client) -> Callable[[], Payload]:
             loss_fn = call.loss_fn
             batch = training_batch(call.data, loss_fn, self.catalogue[client.model.base_model].pad_token_id, self.max_seq_len)
-            batch.meta_info = {"loss_fn": loss_fn, "loss_fn_config": loss_config(loss_fn, call.loss_fn_config),
-                               "forward_only": call.forward_only}
+            batch.meta_info = {LOSS_FN.name: loss_fn, LOSS_FN_CONFIG.name: loss_config(loss_fn, call.loss_fn_config),
+                               FORWARD_ONLY.name: call.forward_only}
 
             def job() -> Payload:
                 logprobs, metrics = client.host.forward_backward(client.model, batch, call.data)

@@ -2,7 +2,7 @@
 
 Mesh dispatch hands chunk ``d`` to DP rank ``d``; balancing keeps one rank from getting every long
 sequence. Without prefix sharing a rank's work is its token count, and rows are balanced one by one.
-With ``share_prefix`` (``rlflow/engines/common/prefix_sharing.py``) a rank computes each prompt of
+With ``share_prefix`` (``rlflow/engines/common/batching/prefix_sharing.py``) a rank computes each prompt of
 a ``uid`` group once however many of the group's rows it holds, so a group kept on one rank costs
 less than a group split across ranks: the group order (whole groups balanced by their shared cost)
 is taken when its slowest rank has less work than the row order's.

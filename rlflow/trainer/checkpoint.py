@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from rlflow.config.schema import RESUME_MODES
 from rlflow.errors import CheckpointError
 from rlflow.trainer.checkpoint_manifest import manifest_problem, write_manifest
 from rlflow.trainer.fingerprint import fingerprint_differences, read_fingerprint, run_fingerprint, write_fingerprint
@@ -47,7 +48,6 @@ LATEST_FILE = "latest_checkpointed_iteration.txt"
 DRIVER_STATE = "driver_state.pt"
 PARTIAL_SUFFIX = ".partial"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
-RESUME_MODES = ("auto", "force", "disable", "path")  # trainer.resume_mode values resolve() accepts (config_choices checks them)
 # A save that fails with one of these (or a worker error naming one) is reported as a full disk.
 _DISK_FULL = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded", errno.EFBIG: "File too large"}
 logger = get_logger(__name__)

@@ -28,12 +28,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlflow.engines import BaseEngine, EngineRegistry
-from rlflow.engines.common.checkpoint_reader import read_model_weights
-from rlflow.engines.common.checkpointing import HF_CONFIG_DIR, META_FILE, read_meta, resolve_checkpoint_dir
-from rlflow.engines.common.hf_export import EXPORT_MARKER, write_hf_folder, write_peft_adapter_folder
-from rlflow.engines.common.lora import ADAPTER_CONFIG_FILE
-from rlflow.engines.common.lora_export import adapter_tensors
-from rlflow.engines.common.models import MODEL_KINDS
+from rlflow.engines.common.checkpoint.checkpoint_reader import read_model_weights
+from rlflow.engines.common.checkpoint.checkpointing import HF_CONFIG_DIR, META_FILE, read_meta, resolve_checkpoint_dir
+from rlflow.engines.common.checkpoint.hf_export import EXPORT_MARKER, write_hf_folder, write_peft_adapter_folder
+from rlflow.engines.common.checkpoint.lora_export import adapter_tensors
+from rlflow.engines.common.forward.lora import ADAPTER_CONFIG_FILE
+from rlflow.engines.common.forward.models import MODEL_KINDS
 from rlflow.errors import CheckpointError, UserError
 from rlflow.trainer.checkpoint import DRIVER_STATE, CheckpointManager
 from rlflow.trainer.checkpoint_manifest import manifest_problem

@@ -6,22 +6,12 @@ for a role (shorthand for Hydra's ``engine@actor.engine=fsdp``).
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
-from rlflow.trainer.config_loading import PPO_GROUP_SHORTHANDS, load_ppo_config
-from rlflow.trainer.entry import run_hydra_entry
-
-
-def run(cfg: DictConfig) -> None:
-    """Validate the config and train."""
-    config = load_ppo_config(cfg)
-    from rlflow.trainer.ppo_trainer import run_ppo
-
-    run_ppo(config)
+from rlflow.trainer.entry_points import PPO_ENTRY
+from rlflow.trainer.ppo_trainer import run_ppo
 
 
 def main() -> None:
-    run_hydra_entry("ppo_trainer", run, PPO_GROUP_SHORTHANDS)
+    PPO_ENTRY.run(run_ppo)
 
 
 if __name__ == "__main__":

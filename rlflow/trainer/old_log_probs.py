@@ -22,8 +22,6 @@ import torch
 
 from rlflow.protocol import DataProto
 
-RECOMPUTE_MODES = ("auto", "always")
-
 # Model config keys whose non-zero value makes a training-mode forward differ from an
 # evaluation-mode one (the separate pass runs in evaluation mode, the update in training mode).
 TRAIN_MODE_ONLY_KEY_PARTS = ("dropout", "pdrop", "jitter")

@@ -22,9 +22,16 @@ from rlflow.roles.reference import Reference
 from rlflow.roles.reward_model import RewardModel
 from rlflow.roles.rollout_worker import RolloutWorker
 from rlflow.rollout import syncs_adapters
-from rlflow.trainer.engine_checks import check_engine_fits
-from rlflow.trainer.timeouts import group_timeouts
+from rlflow.config import ConfigError
+from rlflow.config.loading.engine_checks import check_engine_fits
+from rlflow.config.loading.timeouts import group_timeouts
+from rlflow.utils.registry import Registry
 from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
+
+
+# trainer.placement -> the function that starts its worker groups (config loading checks the key against it).
+PLACEMENT_REGISTRY: Registry[Callable[[Any, Path, bool, bool], "PlacedRoles"]] = Registry("placement", "trainer.placement",
+                                                                                        error=ConfigError)
 
 
 @dataclass
@@ -73,7 +80,7 @@ def _pool(trainer_config: Any, name: str, procs_per_node: int) -> ResourcePool:
 
 def place_roles(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
     """Start the worker groups ``trainer.placement`` (checked in config loading) asks for."""
-    return PLACEMENTS[config.trainer.placement](config, model_path, use_ref, use_critic)
+    return PLACEMENT_REGISTRY.get(config.trainer.placement)(config, model_path, use_ref, use_critic)
 
 
 def _reward_model_spec(config: Any, model_path: Path) -> Optional[WorkerSpec]:
@@ -113,6 +120,7 @@ def _critic_spec(config: Any, model_path: Path) -> WorkerSpec:
     return WorkerSpec(Critic, config.critic, config.critic.model.path or str(model_path))
 
 
+@PLACEMENT_REGISTRY.register("colocated")
 def _place_colocated(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
     optional = {
         "critic": _critic_spec(config, model_path) if use_critic else None,
@@ -130,6 +138,7 @@ def _place_colocated(config: Any, model_path: Path, use_ref: bool, use_critic: b
                        colocated=True, groups=[group])
 
 
+@PLACEMENT_REGISTRY.register("split")
 def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
     groups = []
 
@@ -157,6 +166,3 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
         raise
     return PlacedRoles(actor, rollout, ref, critic, reward_model, colocated=False, groups=groups)
 
-
-# trainer.placement -> the function that starts its worker groups (config_choices checks the key against it).
-PLACEMENTS: dict[str, Callable[[Any, Path, bool, bool], PlacedRoles]] = {"colocated": _place_colocated, "split": _place_split}

@@ -10,6 +10,7 @@ from rlflow.algos import masked_mean
 from rlflow.observability.val_metrics import PRED, named_validation_metrics, source_metrics
 from rlflow.protocol import DataProto
 from rlflow.rewards.scoring import ScoreResult
+from rlflow.rollout import rollout_mismatch_metrics
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -57,6 +58,19 @@ def throughput_metrics(batch: DataProto, timings: dict[str, float], world_size: 
         "perf/gen_tokens_per_s": generated / max(timings.get("gen", 0.0), 1e-9),
     }
 
+
+def step_end_metrics(batch: DataProto, timings: dict[str, float], use_critic: bool, world_size: int,
+                     step: int) -> dict[str, float]:
+    """What a PPO step reports after its phases: rollout/training mismatch, the batch's data metrics,
+    ``timing_s/<phase>``, throughput and ``training/global_step``."""
+    data = batch.batch
+    return {
+        **rollout_mismatch_metrics(data["rollout_log_probs"], data["old_log_probs"], data["response_mask"]),
+        **data_metrics(batch, use_critic=use_critic),
+        **{f"timing_s/{name}": seconds for name, seconds in timings.items()},
+        **throughput_metrics(batch, timings, world_size),
+        "training/global_step": step,
+    }
 
 def validation_metrics(batch: DataProto, results: Sequence[ScoreResult]) -> dict[str, float]:
     """verl's ``val-core/<data_source>/reward/mean@N`` family (``rlflow.observability.val_metrics``) for a

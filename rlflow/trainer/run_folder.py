@@ -25,7 +25,7 @@ import socket
 from pathlib import Path
 from typing import Any, Optional
 
-from rlflow.engines.common.hf_export import EXPORT_MARKER
+from rlflow.engines.common.checkpoint.hf_export import EXPORT_MARKER
 from rlflow.errors import UserError
 from rlflow.trainer.checkpoint import CheckpointManager
 

@@ -36,7 +36,7 @@ from rlflow.observability.tracking import Tracking
 from rlflow.protocol import DataProto
 from rlflow.roles.sft_worker import SFT_MESH
 from rlflow.trainer.checkpoint import PARTIAL_SUFFIX, CheckpointManager
-from rlflow.trainer.engine_checks import check_engine_fits
+from rlflow.config.loading.engine_checks import check_engine_fits
 from rlflow.trainer.divergence import DivergenceGuard
 from rlflow.trainer.preemption import PreemptionFlag
 from rlflow.trainer.run_folder import export_dir

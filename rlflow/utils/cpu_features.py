@@ -4,7 +4,7 @@ torch runs bf16 (and fp16) matmuls fast on a CPU only when it has the instructio
 dtype (AVX-512 BF16 or AMX on x86, the BF16 extension on Arm). Without them, the backward's
 matmuls fall back to a generic loop that was measured 9-35x slower than fp32 on an AVX2-only
 AMD EPYC (docs/platform.md). Config loading uses this module to refuse such a setting on the
-CPU before anything starts (``rlflow.trainer.dtype_guard``); the benches print ``describe()``.
+CPU before anything starts (``rlflow.config.loading.dtype_guard``); the benches print ``describe()``.
 """
 
 from __future__ import annotations

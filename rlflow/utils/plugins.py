@@ -1,7 +1,7 @@
 """User plugins: modules and ``.py`` files that every rlflow process imports before it builds anything.
 
-A plugin registers things by being imported (``@EngineRegistry.register``,
-``register_policy_loss``, ``register_reward``, ...). The driver imports the plugins named by
+A plugin registers things by being imported (``@EngineRegistry.register(...)``,
+``@POLICY_LOSS_REGISTRY.register(...)``, ``@REWARD_REGISTRY.register(...)``, ...). The driver imports the plugins named by
 ``trainer.plugins`` before it validates its config; Ray worker hosts, ``torchrun`` ranks and
 reward worker processes import the same list before they build a role or unpickle a task.
 

@@ -1,15 +1,23 @@
 """One registry class for every pluggable piece of rlflow (docs/registries.md lists them all).
 
-A ``Registry`` maps the names that appear in a config to implementations. Adding a variant is
-one decorated function or class; callers look it up by name, never through an if/else chain,
-and an unknown name raises one message in one format for every registry::
+A ``Registry`` maps the names that appear in a config to implementations. Every registry is a
+module-level ``<THING>_REGISTRY`` and every entry is added the same way, by decorating the
+function or class where it is defined::
+
+    @POLICY_LOSS_REGISTRY.register("vanilla")
+    def compute_policy_loss_vanilla(...): ...
+
+Callers look an entry up by name, never through an if/else chain, and an unknown name raises one
+message in one format, for every registry and for the plain tables of names that config values
+are checked against (``unknown_name_message``)::
 
     unknown <kind> '<name>' (config key <key>); registered: a, b, c
 
 Options a registry opts into: aliases (one object under several names), per-entry metadata,
 glob patterns (``patterns=True``: exact name first, then the longest matching pattern),
-entries that must subclass a base class (``base=``), and lazy discovery (``discovery=``: names
-that are listed before they are imported, and imported on first lookup).
+entries that must subclass a base class (``base=``), a class attribute set to the entry's name
+(``name_attribute=``), and lazy discovery (``discovery=``: names that are listed before they are
+imported, and imported on first lookup).
 
 What it does not cover:
 
@@ -79,11 +87,21 @@ def as_name(name_or_enum: str | Enum) -> str:
     return name_or_enum.value if isinstance(name_or_enum, Enum) else str(name_or_enum)
 
 
+def unknown_name_message(kind: str, name: str, names: Iterable[str], config_key: Optional[str] = None,
+                         hint: str = "") -> str:
+    """The one message for a ``kind`` name that is not one of ``names`` (a registry's or a table's)."""
+    where = f" (config key {config_key})" if config_key else ""
+    listed = ", ".join(sorted(names)) or "(none)"
+    return f"unknown {kind} {name!r}{where}; registered: {listed}" + (f"; {hint}" if hint else "")
+
+
 class Registry(Generic[T]):
     """Maps config names to implementations; ``kind`` and ``config_key`` name them in messages.
 
     ``error`` is the exception class an unknown name raises (a ``UserError``, so the CLI prints
-    one line); ``hint`` is appended to that message (say how to add an entry).
+    one line); ``hint`` is appended to that message (say how to add an entry). With
+    ``name_attribute``, registering a class sets that attribute to its first name (a dataset
+    converter knows it is ``gsm8k``).
     """
 
     def __init__(
@@ -95,6 +113,7 @@ class Registry(Generic[T]):
         hint: str = "",
         base: Optional[type] = None,
         patterns: bool = False,
+        name_attribute: Optional[str] = None,
         discovery: Optional[Discovery] = None,
     ) -> None:
         self.kind = kind
@@ -103,6 +122,7 @@ class Registry(Generic[T]):
         self.hint = hint
         self.base = base
         self.patterns = patterns
+        self.name_attribute = name_attribute
         self.discovery = discovery
         self._entries: dict[str, T] = {}
         self._metadata: dict[str, dict[str, Any]] = {}
@@ -124,22 +144,15 @@ class Registry(Generic[T]):
             for name in names:
                 self._entries[as_name(name)] = obj
                 self._metadata[as_name(name)] = dict(metadata)
+            if self.name_attribute is not None:
+                setattr(obj, self.name_attribute, as_name(names[0]))
             return obj
 
         return decorator
 
-    def register_named(self, name: str) -> Callable[[T], T]:
-        """Class decorator: ``register(name)`` and set the class's ``name`` attribute to ``name``."""
-
-        def decorator(cls: T) -> T:
-            self.register(name)(cls)
-            cls.name = name
-            return cls
-
-        return decorator
-
     def add(self, name: str | Enum, obj: T, *, override: bool = False, **metadata: Any) -> T:
-        """``register(name, ...)(obj)`` for an object that is not defined with a decorator."""
+        """``register(name, ...)(obj)``; only the torchtitan model families still use it, until they are
+        registered by decorator like every other entry (tests/utils/test_registries.py lists them)."""
         return self.register(name, override=override, **metadata)(obj)
 
     def _check(self, name: str, obj: T, override: bool) -> None:
@@ -173,10 +186,7 @@ class Registry(Generic[T]):
 
     def unknown_message(self, name: str, config_key: Optional[str] = None) -> str:
         """The one message for a name that is not registered."""
-        key = config_key or self.config_key
-        where = f" (config key {key})" if key else ""
-        hint = f"; {self.hint}" if self.hint else ""
-        return f"unknown {self.kind} {name!r}{where}; registered: {', '.join(self.names()) or '(none)'}{hint}"
+        return unknown_name_message(self.kind, name, self.names(), config_key or self.config_key, self.hint)
 
     def _resolve(self, name: str, config_key: Optional[str] = None) -> str:
         """The entry key that serves ``name``: the exact name (imported on demand), else the longest pattern."""

@@ -12,9 +12,9 @@ from rlflow.workers.dispatch import (
     ONE_TO_ALL,
     RANK_ZERO,
     DispatchContext,
+    DispatchMode,
     dispatch_mode_names,
     get_dispatch_mode,
-    register_dispatch_mode,
 )
 from rlflow.workers.errors import (
     ResourceUnavailableError,
@@ -24,7 +24,7 @@ from rlflow.workers.errors import (
     WorkerUserError,
 )
 from rlflow.workers.mesh import MeshInfo, MeshTable
-from rlflow.workers.metrics import REDUCTIONS, reduce_metrics
+from rlflow.workers.metrics import METRIC_REDUCTION_REGISTRY, reduce_metrics
 from rlflow.workers.ray_cluster import init_ray, shutdown_ray
 from rlflow.workers.resource_pool import ResourcePool
 from rlflow.workers.worker import Worker, WorkerContext
@@ -38,8 +38,9 @@ __all__ = [
     "DP_COMPUTE",
     "ONE_TO_ALL",
     "RANK_ZERO",
-    "REDUCTIONS",
+    "METRIC_REDUCTION_REGISTRY",
     "DispatchContext",
+    "DispatchMode",
     "MeshInfo",
     "MeshTable",
     "MethodSpec",
@@ -59,6 +60,5 @@ __all__ = [
     "init_ray",
     "reduce_metrics",
     "register",
-    "register_dispatch_mode",
     "shutdown_ray",
 ]

@@ -1,14 +1,14 @@
 """Dispatch modes: how one controller call becomes per-rank calls, and how their outputs come back.
 
-A mode is a pair of plain functions kept in a registry:
+A mode is a ``DispatchMode`` subclass with two static methods, registered by name:
 
-* ``dispatch_fn(ctx, args, kwargs) -> {rank: (args, kwargs)}``: the calls to make; ranks left
-  out are not called;
-* ``collect_fn(ctx, outputs) -> result``: ``outputs`` maps each called rank to what it returned.
+* ``dispatch(ctx, args, kwargs) -> {rank: (args, kwargs)}``: the calls to make; ranks left out
+  are not called;
+* ``collect(ctx, outputs) -> result``: ``outputs`` maps each called rank to what it returned.
 
 ``ctx`` (a ``DispatchContext``) carries the method name, the group size, the method's mesh (loaded
 on first use) and a ``state`` dict that dispatch can fill for collect (``DP_COMPUTE`` stores
-its padding there). Add a mode with ``register_dispatch_mode(name, dispatch_fn, collect_fn)``.
+its padding there). Add a mode with ``@DISPATCH_MODE_REGISTRY.register("name")`` on its class.
 
 DataProtos in ``outputs`` view Ray's object store (fetched without a copy). The worker group
 copies any DataProto the collect returns that still views it (``DataProto.owned``), so a
@@ -19,10 +19,11 @@ cloned.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 
+from rlflow.meta_info import METRICS
 from rlflow.protocol import DataProto, DataProtoError
 from rlflow.utils.registry import Registry
 from rlflow.workers.mesh import MeshTable
@@ -59,30 +60,33 @@ class DispatchContext:
         return self._mesh
 
 
-DispatchFn = Callable[[DispatchContext, tuple, dict], RankCalls]
-CollectFn = Callable[[DispatchContext, Mapping[int, Any]], Any]
-
-
-@dataclass(frozen=True)
 class DispatchMode:
-    """A named pair of dispatch and collect functions."""
+    """How one controller call fans out to ranks and how their outputs come back; never instantiated.
 
-    name: str
-    dispatch_fn: DispatchFn
-    collect_fn: CollectFn
+    A subclass defines both static methods and is registered under the name that
+    ``@register(dispatch_mode=...)`` uses; the registry sets its ``name``.
+    """
+
+    name: ClassVar[str] = ""
+
+    @staticmethod
+    def dispatch(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
+        """The calls to make, ``{rank: (args, kwargs)}``; ranks left out are not called."""
+        raise NotImplementedError
+
+    @staticmethod
+    def collect(ctx: DispatchContext, outputs: Mapping[int, Any]) -> Any:
+        """The call's result from ``outputs``, ``{called rank: what it returned}``."""
+        raise NotImplementedError
 
 
-DISPATCH_MODE_REGISTRY: Registry[DispatchMode] = Registry(
-    "dispatch mode", hint="add one with register_dispatch_mode(name, dispatch_fn, collect_fn)"
+DISPATCH_MODE_REGISTRY: Registry[type[DispatchMode]] = Registry(
+    "dispatch mode", base=DispatchMode, name_attribute="name",
+    hint='add one with @DISPATCH_MODE_REGISTRY.register("name") on a DispatchMode subclass',
 )
 
 
-def register_dispatch_mode(name: str, dispatch_fn: DispatchFn, collect_fn: CollectFn, override: bool = False) -> None:
-    """Add a dispatch mode usable as ``@register(dispatch_mode=name)``."""
-    DISPATCH_MODE_REGISTRY.add(name, DispatchMode(name, dispatch_fn, collect_fn), override=override)
-
-
-def get_dispatch_mode(name: str) -> DispatchMode:
+def get_dispatch_mode(name: str) -> type[DispatchMode]:
     """The registered mode called ``name``; the error lists the known ones."""
     return DISPATCH_MODE_REGISTRY.get(name)
 
@@ -97,30 +101,49 @@ def _in_rank_order(ctx: DispatchContext, outputs: Mapping[int, Any]) -> list[Any
     return [outputs[rank] for rank in sorted(outputs)]
 
 
-def _one_to_all(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
-    return {rank: (args, kwargs) for rank in range(ctx.world_size)}
+@DISPATCH_MODE_REGISTRY.register(ONE_TO_ALL)
+class OneToAll(DispatchMode):
+    """Every rank gets the call's arguments; the outputs come back as a list in rank order."""
+
+    @staticmethod
+    def dispatch(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
+        return {rank: (args, kwargs) for rank in range(ctx.world_size)}
+
+    collect = staticmethod(_in_rank_order)
 
 
-def _all_to_all(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
-    named = [(f"argument {i}", value) for i, value in enumerate(args)] + [(f"'{k}'", v) for k, v in kwargs.items()]
-    for label, value in named:
-        if not isinstance(value, (list, tuple)) or len(value) != ctx.world_size:
-            raise ValueError(
-                f"{ctx.method} ({ALL_TO_ALL}): {label} must be a list with one entry per rank "
-                f"({ctx.world_size}), got {type(value).__name__}"
-                + (f" of length {len(value)}" if isinstance(value, (list, tuple)) else "")
-            )
-    return {
-        rank: (tuple(a[rank] for a in args), {k: v[rank] for k, v in kwargs.items()}) for rank in range(ctx.world_size)
-    }
+@DISPATCH_MODE_REGISTRY.register(ALL_TO_ALL)
+class AllToAll(DispatchMode):
+    """Every argument is a list with one entry per rank and rank ``r`` gets entry ``r``; outputs in rank order."""
+
+    @staticmethod
+    def dispatch(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
+        named = [(f"argument {i}", value) for i, value in enumerate(args)] + [(f"'{k}'", v) for k, v in kwargs.items()]
+        for label, value in named:
+            if not isinstance(value, (list, tuple)) or len(value) != ctx.world_size:
+                raise ValueError(
+                    f"{ctx.method} ({ALL_TO_ALL}): {label} must be a list with one entry per rank "
+                    f"({ctx.world_size}), got {type(value).__name__}"
+                    + (f" of length {len(value)}" if isinstance(value, (list, tuple)) else "")
+                )
+        return {
+            rank: (tuple(a[rank] for a in args), {k: v[rank] for k, v in kwargs.items()}) for rank in range(ctx.world_size)
+        }
+
+    collect = staticmethod(_in_rank_order)
 
 
-def _rank_zero(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
-    return {0: (args, kwargs)}
+@DISPATCH_MODE_REGISTRY.register(RANK_ZERO)
+class RankZero(DispatchMode):
+    """Only rank 0 is called; its output is the result."""
 
+    @staticmethod
+    def dispatch(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
+        return {0: (args, kwargs)}
 
-def _first_output(ctx: DispatchContext, outputs: Mapping[int, Any]) -> Any:
-    return outputs[0]
+    @staticmethod
+    def collect(ctx: DispatchContext, outputs: Mapping[int, Any]) -> Any:
+        return outputs[0]
 
 
 def padded_chunks(data: DataProto, parts: int) -> tuple[list[DataProto], int]:
@@ -138,30 +161,6 @@ def padded_chunks(data: DataProto, parts: int) -> tuple[list[DataProto], int]:
         padding = np.arange(max(start, rows), end) % rows
         chunks.append(data[start:end] if end <= rows else DataProto.concat([data[start:rows], data[padding]]))
     return chunks, pad_size
-
-
-def _dp_compute_dispatch(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
-    """Pad every DataProto argument to a multiple of dp_size, chunk it, hand chunk d to DP group d."""
-    mesh = ctx.mesh
-    lengths = {len(v) for v in list(args) + list(kwargs.values()) if isinstance(v, DataProto)}
-    if len(lengths) > 1:
-        raise DataProtoError(f"{ctx.method} ({DP_COMPUTE}): DataProto arguments differ in length: {sorted(lengths)}")
-
-    def shards(value: Any) -> list[Any]:
-        if not isinstance(value, DataProto):
-            return [value] * mesh.dp_size
-        chunks, pad_size = padded_chunks(value, mesh.dp_size)
-        ctx.state["pad_size"] = pad_size
-        ctx.state["chunk_len"] = len(chunks[0])
-        return chunks
-
-    arg_shards = [shards(v) for v in args]
-    kwarg_shards = {k: shards(v) for k, v in kwargs.items()}
-    calls = {}
-    for rank in range(ctx.world_size):
-        dp = mesh.dp_rank_of[rank]
-        calls[rank] = (tuple(s[dp] for s in arg_shards), {k: s[dp] for k, s in kwarg_shards.items()})
-    return calls
 
 
 def merge_dp_outputs(ctx: DispatchContext, parts: list[Any]) -> Any:
@@ -191,17 +190,41 @@ def _merge_dataprotos(ctx: DispatchContext, parts: list[DataProto]) -> DataProto
                 f"of {chunk_len}; with padding, each rank must return k rows per input row, in input order"
             )
         merged = merged.unpad(pad_size * rows_per_input)
-    metrics = [p.meta_info["metrics"] for p in parts if isinstance(p.meta_info.get("metrics"), dict)]
+    metrics = [p.meta_info[METRICS.name] for p in parts if isinstance(p.meta_info.get(METRICS.name), dict)]
     if metrics:
-        merged.meta_info["metrics"] = reduce_metrics(metrics, ctx.reduce)
+        merged.meta_info[METRICS.name] = reduce_metrics(metrics, ctx.reduce)
     return merged
 
 
-def _dp_compute_collect(ctx: DispatchContext, outputs: Mapping[int, Any]) -> Any:
-    return merge_dp_outputs(ctx, [outputs[rank] for rank in ctx.mesh.collect_ranks])
+@DISPATCH_MODE_REGISTRY.register(DP_COMPUTE)
+class DPCompute(DispatchMode):
+    """Data-parallel compute over the method's mesh: DataProto arguments are split by DP rank, and the outputs
+    of the mesh's collect ranks are merged back (``merge_dp_outputs``)."""
 
+    @staticmethod
+    def dispatch(ctx: DispatchContext, args: tuple, kwargs: dict) -> RankCalls:
+        """Pad every DataProto argument to a multiple of dp_size, chunk it, hand chunk d to DP group d."""
+        mesh = ctx.mesh
+        lengths = {len(v) for v in list(args) + list(kwargs.values()) if isinstance(v, DataProto)}
+        if len(lengths) > 1:
+            raise DataProtoError(f"{ctx.method} ({DP_COMPUTE}): DataProto arguments differ in length: {sorted(lengths)}")
 
-register_dispatch_mode(ONE_TO_ALL, _one_to_all, _in_rank_order)
-register_dispatch_mode(ALL_TO_ALL, _all_to_all, _in_rank_order)
-register_dispatch_mode(RANK_ZERO, _rank_zero, _first_output)
-register_dispatch_mode(DP_COMPUTE, _dp_compute_dispatch, _dp_compute_collect)
+        def shards(value: Any) -> list[Any]:
+            if not isinstance(value, DataProto):
+                return [value] * mesh.dp_size
+            chunks, pad_size = padded_chunks(value, mesh.dp_size)
+            ctx.state["pad_size"] = pad_size
+            ctx.state["chunk_len"] = len(chunks[0])
+            return chunks
+
+        arg_shards = [shards(v) for v in args]
+        kwarg_shards = {k: shards(v) for k, v in kwargs.items()}
+        calls = {}
+        for rank in range(ctx.world_size):
+            dp = mesh.dp_rank_of[rank]
+            calls[rank] = (tuple(s[dp] for s in arg_shards), {k: s[dp] for k, s in kwarg_shards.items()})
+        return calls
+
+    @staticmethod
+    def collect(ctx: DispatchContext, outputs: Mapping[int, Any]) -> Any:
+        return merge_dp_outputs(ctx, [outputs[rank] for rank in ctx.mesh.collect_ranks])

@@ -53,10 +53,10 @@ class LocalWorkerGroup:
     def _call(self, spec: MethodSpec, *args: Any, **kwargs: Any) -> Any:
         mode = get_dispatch_mode(spec.dispatch_mode)
         ctx = DispatchContext(spec.name, self.world_size, spec.mesh, spec.reduce, self.mesh_table)
-        calls = mode.dispatch_fn(ctx, args, kwargs)
+        calls = mode.dispatch(ctx, args, kwargs)
         output = None
         if self.rank in calls:
             my_args, my_kwargs = calls[self.rank]
             output = getattr(self.worker, spec.name)(*my_args, **my_kwargs)
         outputs = _all_gather(output)
-        return mode.collect_fn(ctx, {rank: outputs[rank] for rank in calls})
+        return mode.collect(ctx, {rank: outputs[rank] for rank in calls})

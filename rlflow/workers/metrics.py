@@ -1,7 +1,7 @@
 """Reducing per-rank metrics dicts into one dict at the controller.
 
 Convention: a worker method returns metrics as a flat ``{name: value}`` dict (or puts one in
-``DataProto.meta_info["metrics"]``). A value is a number, a 0-d tensor, or a list / 1-D
+``DataProto.meta_info`` under ``rlflow.meta_info.METRICS``). A value is a number, a 0-d tensor, or a list / 1-D
 tensor / array of numbers. The method's ``@register(reduce=...)`` names how the values of
 all collected ranks are combined: one op for every key (``reduce="mean"``) or per key
 (``reduce={"grad_norm": "max", "n_tokens": "sum"}``, unlisted keys use ``mean``). List
@@ -16,23 +16,38 @@ from typing import Any, Callable, Mapping, Sequence, Union
 import numpy as np
 import torch
 
+from rlflow.utils.registry import Registry
+
 ReduceSpec = Union[str, Mapping[str, str]]
 
-REDUCTIONS: dict[str, Callable[[list[float]], float]] = {
-    "mean": lambda values: float(np.mean(values)),
-    "sum": lambda values: float(np.sum(values)),
-    "max": lambda values: float(np.max(values)),
-    "min": lambda values: float(np.min(values)),
-}
+METRIC_REDUCTION_REGISTRY: Registry[Callable[[list[float]], float]] = Registry("metric reduction")
 DEFAULT_REDUCTION = "mean"
 
 
+@METRIC_REDUCTION_REGISTRY.register("mean")
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values))
+
+
+@METRIC_REDUCTION_REGISTRY.register("sum")
+def _sum(values: list[float]) -> float:
+    return float(np.sum(values))
+
+
+@METRIC_REDUCTION_REGISTRY.register("max")
+def _max(values: list[float]) -> float:
+    return float(np.max(values))
+
+
+@METRIC_REDUCTION_REGISTRY.register("min")
+def _min(values: list[float]) -> float:
+    return float(np.min(values))
+
+
 def check_reduce_spec(reduce: ReduceSpec) -> None:
-    """Raise ValueError naming any reduction that is not in ``REDUCTIONS``."""
-    ops = [reduce] if isinstance(reduce, str) else list(reduce.values())
-    unknown = sorted({op for op in ops if op not in REDUCTIONS})
-    if unknown:
-        raise ValueError(f"unknown metric reduction(s) {unknown}; choose from {sorted(REDUCTIONS)}")
+    """Raise ``UnknownNameError`` (a ``ValueError``) for the first reduction that is not registered."""
+    for op in [reduce] if isinstance(reduce, str) else reduce.values():
+        METRIC_REDUCTION_REGISTRY.get(op)
 
 
 def _numbers(key: str, value: Any) -> list[float]:
@@ -55,5 +70,5 @@ def reduce_metrics(parts: Sequence[Mapping[str, Any]], reduce: ReduceSpec = DEFA
     for key, numbers in values.items():
         op = reduce if isinstance(reduce, str) else reduce.get(key, DEFAULT_REDUCTION)
         if numbers:
-            result[key] = REDUCTIONS[op](numbers)
+            result[key] = METRIC_REDUCTION_REGISTRY.get(op)(numbers)
     return result

@@ -1,7 +1,7 @@
 """``ResourcePool``: Ray placement groups reserving one bundle per worker process.
 
 A bundle is ``{"CPU": c}`` on CPU or ``{"GPU": 1, "CPU": c}`` with an accelerator. The pool spans
-``nnodes x procs_per_node`` bundles. Placements (a registry):
+``nnodes x procs_per_node`` bundles. Placements (``POOL_PLACEMENT_REGISTRY``):
 
 * ``pack`` (default): one STRICT_PACK placement group per node, each pinned away from the nodes
   already used, so every node hosts exactly ``procs_per_node`` workers;
@@ -24,9 +24,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlflow.utils.device import ray_resource_name
 from rlflow.utils.logging import get_logger
+from rlflow.utils.registry import Registry, UnknownNameError
 from rlflow.workers.errors import ResourceUnavailableError
 
 logger = get_logger(__name__)
+POOL_PLACEMENT_REGISTRY: Registry[Callable[["ResourcePool"], None]] = Registry("pool placement")
 
 _NODE_ID_LABEL = "ray.io/node-id"
 _EPS = 1e-9
@@ -64,8 +66,8 @@ class ResourcePool:
                 f"ResourcePool '{name}': need procs_per_node >= 1, nnodes >= 1, cpus_per_proc > 0; "
                 f"got {procs_per_node}, {nnodes}, {cpus_per_proc}"
             )
-        if placement not in PLACEMENTS:
-            raise ValueError(f"ResourcePool '{name}': unknown placement '{placement}'; choose from {sorted(PLACEMENTS)}")
+        if placement not in POOL_PLACEMENT_REGISTRY:
+            raise UnknownNameError(f"ResourcePool '{name}': {POOL_PLACEMENT_REGISTRY.unknown_message(placement)}")
         if not ray.is_initialized():
             raise RuntimeError("ResourcePool needs a running Ray session; call rlflow.workers.init_ray() first")
         self.name = name
@@ -82,7 +84,7 @@ class ResourcePool:
         self._owner: str | None = None
         self._check_cluster_total()
         self._groups: list[PlacementGroup] = []
-        PLACEMENTS[placement](self)
+        POOL_PLACEMENT_REGISTRY.get(placement)(self)
         self.slots = _slots_in_node_order(self._groups)
         logger.info("pool '%s': %d x %s on %d node(s)", name, self.world_size, self.bundle, len(self.node_ids()))
 
@@ -184,6 +186,7 @@ def _free(bundle: dict[str, float]) -> dict[str, float]:
     return {k: available.get(k, 0.0) for k in bundle}
 
 
+@POOL_PLACEMENT_REGISTRY.register("pack")
 def _place_pack(pool: ResourcePool) -> None:
     per_node = {key: value * pool.procs_per_node for key, value in pool.bundle.items()}
     large_enough = [
@@ -201,11 +204,9 @@ def _place_pack(pool: ResourcePool) -> None:
         used.append(pool._reserve([dict(pool.bundle)] * pool.procs_per_node, "STRICT_PACK", f"node{index}", selector))
 
 
+@POOL_PLACEMENT_REGISTRY.register("spread")
 def _place_spread(pool: ResourcePool) -> None:
     pool._reserve([dict(pool.bundle)] * pool.world_size, "SPREAD", "spread")
-
-
-PLACEMENTS: dict[str, Callable[[ResourcePool], None]] = {"pack": _place_pack, "spread": _place_spread}
 
 
 def _slots_in_node_order(groups: list[PlacementGroup]) -> list[BundleSlot]:

@@ -144,7 +144,7 @@ class RoleHandle:
         mode = get_dispatch_mode(spec.dispatch_mode)
         label = f"{self.role}.{spec.name}"
         ctx = DispatchContext(label, self.world_size, spec.mesh, spec.reduce, self._group.mesh_table)
-        calls = mode.dispatch_fn(ctx, args, kwargs)
+        calls = mode.dispatch(ctx, args, kwargs)
         bad = sorted(rank for rank in calls if not 0 <= rank < self.world_size)
         if bad:
             raise ValueError(f"dispatch mode '{mode.name}' addressed ranks {bad} outside 0..{self.world_size - 1}")
@@ -158,7 +158,7 @@ class RoleHandle:
 
         return DataProtoFuture(
             list(refs.values()),
-            collect_fn=lambda outputs: owned_outputs(mode.collect_fn(ctx, dict(zip(ranks, outputs)))),
+            collect_fn=lambda outputs: owned_outputs(mode.collect(ctx, dict(zip(ranks, outputs)))),
             getter=fetch,
         )
 

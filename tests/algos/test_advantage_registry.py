@@ -13,7 +13,6 @@ from rlflow.algos import (
     compute_grpo_outcome_advantage,
     compute_remax_outcome_advantage,
     get_adv_estimator_fn,
-    register_adv_est,
 )
 
 TOL = {"rel": 1e-7, "abs": 1e-7}
@@ -42,7 +41,7 @@ def test_unknown_estimator_lists_valid_names():
 
 def test_register_new_estimator_and_dispatch_by_signature():
     with ADV_ESTIMATOR_REGISTRY.temporary():
-        @register_adv_est("test_sign_of_outcome")
+        @ADV_ESTIMATOR_REGISTRY.register("test_sign_of_outcome")
         def sign_of_outcome(token_level_rewards, response_mask):
             per_row = torch.sign(token_level_rewards.sum(-1))
             return per_row.unsqueeze(-1) * response_mask, per_row.unsqueeze(-1) * response_mask
@@ -56,7 +55,7 @@ def test_register_new_estimator_and_dispatch_by_signature():
         )
         _close(advantages, [[-1.0, -1.0], [1.0, 1.0]])
         with pytest.raises(ValueError, match="already registered"):
-            register_adv_est("test_sign_of_outcome")(lambda token_level_rewards, response_mask: None)
+            ADV_ESTIMATOR_REGISTRY.register("test_sign_of_outcome")(lambda token_level_rewards, response_mask: None)
     assert "test_sign_of_outcome" not in ADV_ESTIMATOR_REGISTRY
 
 

@@ -16,7 +16,6 @@ from rlflow.algos import (
     agg_loss,
     compute_policy_loss,
     get_policy_loss_fn,
-    register_policy_loss,
 )
 
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -382,7 +381,7 @@ def test_registry_lists_losses_and_accepts_new_ones():
 
     with POLICY_LOSS_REGISTRY.temporary():
 
-        @register_policy_loss("test_negative_log_prob")
+        @POLICY_LOSS_REGISTRY.register("test_negative_log_prob")
         def negative_log_prob(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config):
             return agg_loss(-log_prob, response_mask, loss_agg_mode), {}
 

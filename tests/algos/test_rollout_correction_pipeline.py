@@ -10,8 +10,8 @@ import torch
 from rollout_correction_cases import RATIOS, mean, tensors, tokens
 
 from rlflow.algos import compute_offpolicy_metrics, compute_rollout_correction_and_rejection_mask, rollout_correction_phase
-from rlflow.algos.rollout_correction import ROLLOUT_CORRECTION_META_KEY
 from rlflow.config.schema import RolloutCorrectionConfig
+from rlflow.meta_info import ROLLOUT_CORRECTION
 from rlflow.protocol import DataProto
 
 
@@ -93,7 +93,7 @@ def test_bypass_phase_uses_the_rollout_log_probs_as_old_and_hands_the_settings_t
     settings = RolloutCorrectionConfig(rollout_is="sequence", bypass_mode=True, loss_type="reinforce")
     assert rollout_correction_phase(batch, settings) == {}
     assert batch.batch["old_log_probs"] is batch.batch["rollout_log_probs"]
-    assert batch.meta_info[ROLLOUT_CORRECTION_META_KEY]["loss_type"] == "reinforce"
+    assert batch.meta_info[ROLLOUT_CORRECTION.name]["loss_type"] == "reinforce"
     assert "rollout_is_weights" not in batch.batch
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from rollout_correction_cases import RATIOS, mean, tensors
 
-from rlflow.algos import ROLLOUT_RS_REGISTRY, compute_rollout_rejection_mask
+from rlflow.algos import compute_rollout_rejection_mask, rollout_rs_options
 from rlflow.config import ConfigError
 
 DIVERGENCES = {
@@ -39,8 +39,8 @@ def expected_mask(keep_rows: list[list[bool]]):
     return expected
 
 
-def test_the_registry_holds_verls_eleven_options():
-    assert sorted(ROLLOUT_RS_REGISTRY.names()) == sorted(["token_k1", "token_k2", "token_k3"] + SEQUENCE_OPTIONS)
+def test_the_registries_make_verls_eleven_options():
+    assert rollout_rs_options() == sorted(["token_k1", "token_k2", "token_k3"] + SEQUENCE_OPTIONS)
 
 
 @pytest.mark.parametrize("k, threshold, keeps", [
@@ -104,7 +104,7 @@ def test_one_shared_threshold_serves_every_option_and_duplicates_count_once():
 
 def test_equal_log_probs_reject_nothing():
     old, _, mask = tensors()
-    for option in ROLLOUT_RS_REGISTRY.names():
+    for option in rollout_rs_options():
         masked, metrics = compute_rollout_rejection_mask(old - old, mask, option, "0.999_1.001" if option.endswith("k1") else 1e-6)
         assert torch.equal(masked, mask) and metrics["rollout_rs_masked_fraction"] == 0.0
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from grpo_runs import parse_rlflow_metrics, parse_trl_lines, rlflow_overrides  # noqa: E402
 from grpo_workload import StepStats, Workload, best_config, matmul_params, step_flops, with_other  # noqa: E402
 
-from rlflow.trainer.config_loading import compose_ppo_config  # noqa: E402
+from rlflow.trainer.entry_points import compose_ppo_config  # noqa: E402
 
 
 def test_flops_count_generated_forward_and_trained_forward_backward():

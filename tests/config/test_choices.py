@@ -9,6 +9,7 @@ line, and that no Ray session was started.
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 import time
@@ -18,11 +19,19 @@ from pathlib import Path
 import pytest
 from one_line_errors import one_line_error
 
+from rlflow.config.loading.choices import Choice
 from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.engines.config import HFModuleEngineConfig
 from rlflow.errors import UserError
-from rlflow.trainer.config_choices import ppo_choices, sft_choices
-from rlflow.trainer.config_loading import PPO_ENGINE_MOUNTS, SFT_ENGINE_MOUNTS, compose_ppo_config, compose_sft_config
+from rlflow.observability.tracking import TRACKER_REGISTRY
+from rlflow.trainer.entry_points import (
+    PPO_ENGINE_MOUNTS,
+    PPO_ENTRY,
+    SFT_ENGINE_MOUNTS,
+    SFT_ENTRY,
+    compose_ppo_config,
+    compose_sft_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "tests" / "plugins" / "user_plugin.py"
@@ -54,14 +63,35 @@ def _one_line_error(compose, overrides: list[str]) -> str:
     return message
 
 
-@pytest.mark.parametrize("key", [choice.key for choice in ppo_choices(PPO_ENGINE_MOUNTS)])
+def _one_format(key: str) -> re.Pattern:
+    """The unknown-name text of every choice, registry or table: ``unknown <kind> '<value>' (config key <key>); registered: ...``."""
+    return re.compile(rf"unknown [\w -]+ '{BAD}' \(config key {re.escape(key)}\); registered: \S")
+
+
+@pytest.mark.parametrize("key", [choice.key for choice in PPO_ENTRY.choices()])
 def test_misspelled_ppo_choice_names_its_key(key):
-    assert key in _one_line_error(compose_ppo_config, [_misspelled(key)])
+    message = _one_line_error(compose_ppo_config, [_misspelled(key)])
+    assert _one_format(key).match(message), message
 
 
-@pytest.mark.parametrize("key", [choice.key for choice in sft_choices(SFT_ENGINE_MOUNTS)])
+@pytest.mark.parametrize("key", [choice.key for choice in SFT_ENTRY.choices()])
 def test_misspelled_sft_choice_names_its_key(key):
-    assert key in _one_line_error(compose_sft_config, [_misspelled(key)])
+    message = _one_line_error(compose_sft_config, [_misspelled(key)])
+    assert _one_format(key).match(message), message
+
+
+def test_a_table_choice_and_a_registry_choice_read_alike():
+    table = _one_line_error(compose_ppo_config, [f"actor.engine.dtype={BAD}"])
+    registry = _one_line_error(compose_ppo_config, [f"algorithm.adv_estimator={BAD}"])
+    assert table == f"unknown dtype '{BAD}' (config key actor.engine.dtype); registered: bf16, bfloat16, float16, float32, fp16, fp32"
+    assert registry.startswith(f"unknown advantage estimator '{BAD}' (config key algorithm.adv_estimator); registered: gae, ")
+
+
+def test_a_choice_names_a_kind_exactly_when_it_checks_a_table():
+    with pytest.raises(TypeError, match="give a kind for a table of names"):
+        Choice("x.y", ("a", "b"))
+    with pytest.raises(TypeError, match="none for a registry"):
+        Choice("x.y", TRACKER_REGISTRY, "tracker")
 
 
 def test_defaults_and_legal_variants_pass():
@@ -92,15 +122,15 @@ def _string_fields(schema: type, prefix: str = "") -> list[str]:
     return keys
 
 
-@pytest.mark.parametrize(("schema", "table"), [(PPOConfig, ppo_choices(PPO_ENGINE_MOUNTS)),
-                                               (SFTConfig, sft_choices(SFT_ENGINE_MOUNTS))])
+@pytest.mark.parametrize(("schema", "table"), [(PPOConfig, PPO_ENTRY.choices()),
+                                               (SFTConfig, SFT_ENTRY.choices())])
 def test_every_choice_field_is_in_the_table(schema, table):
     checked = {choice.key for choice in table}
     engine_keys = [k for k in _string_fields(HFModuleEngineConfig) if k not in ENGINE_FREE_TEXT]
     mounts = PPO_ENGINE_MOUNTS if schema is PPOConfig else SFT_ENGINE_MOUNTS
     expected = {k for k in _string_fields(schema) if k not in FREE_TEXT | ROLLOUT_CORRECTION_NAMES}
     expected |= {f"{mount}.{key}" for mount in mounts for key in engine_keys}
-    assert expected - checked == set(), "new choice fields: add them to rlflow/trainer/config_choices.py or FREE_TEXT"
+    assert expected - checked == set(), "new choice fields: add them to rlflow/config/loading/choices.py (or the entry point's own choices) or FREE_TEXT"
 
 
 def test_cli_bad_choice_exits_2_with_one_line_before_ray_starts(tmp_path):

@@ -9,21 +9,21 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rlflow.config import ConfigError
-from rlflow.trainer.config_loading import PPO_GROUP_SHORTHANDS, load_ppo_config, load_sft_config
-from rlflow.trainer.entry import CONFIG_DIR, expand_group_shorthands
+from rlflow.trainer.entry_points import PPO_ENTRY, SFT_ENTRY
+from rlflow.config.loading.hydra_entry import CONFIG_DIR, expand_group_shorthands
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def compose_config(name: str, overrides: list[str]):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name=name, overrides=expand_group_shorthands(overrides, PPO_GROUP_SHORTHANDS))
+        return compose(config_name=name, overrides=expand_group_shorthands(overrides, PPO_ENTRY.group_shorthands))
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo", "rloo", "reinforce_pp", "remax"])
 @pytest.mark.parametrize("rollout", ["vllm", "hf"])
 def test_every_group_option_validates(algorithm, rollout):
-    cfg = load_ppo_config(compose_config("ppo_trainer", [f"algorithm={algorithm}", f"rollout={rollout}"]))
+    cfg = PPO_ENTRY.load(compose_config("ppo_trainer", [f"algorithm={algorithm}", f"rollout={rollout}"]))
     assert cfg.rollout.name == rollout
     assert cfg.algorithm.adv_estimator in {"grpo", "gae", "rloo", "reinforce_plus_plus", "remax"}
     assert cfg.actor.engine.name == "fsdp2"
@@ -31,9 +31,9 @@ def test_every_group_option_validates(algorithm, rollout):
 
 @pytest.mark.parametrize("engine", ["fsdp", "fsdp2"])
 def test_engine_shorthand_picks_the_option_per_role(engine):
-    cfg = load_ppo_config(compose_config("ppo_trainer", [f"actor.engine={engine}"]))
+    cfg = PPO_ENTRY.load(compose_config("ppo_trainer", [f"actor.engine={engine}"]))
     assert cfg.actor.engine.name == engine and cfg.ref.engine.name == "fsdp2"
-    sft = load_sft_config(compose_config("sft_trainer", [f"engine={engine}"]))
+    sft = SFT_ENTRY.load(compose_config("sft_trainer", [f"engine={engine}"]))
     assert sft.engine.name == engine
 
 
@@ -44,28 +44,28 @@ def test_shorthand_leaves_value_overrides_alone():
 
 def test_wrong_type_names_the_key():
     with pytest.raises(ConfigError, match=r"data\.max_prompt_length"):
-        load_ppo_config(compose_config("ppo_trainer", ["data.max_prompt_length=abc"]))
+        PPO_ENTRY.load(compose_config("ppo_trainer", ["data.max_prompt_length=abc"]))
 
 
 def test_wrong_type_inside_an_engine_names_the_full_key():
     cfg = compose_config("ppo_trainer", [])
     OmegaConf.update(cfg, "actor.engine.seed", "abc", force_add=True)
     with pytest.raises(ConfigError, match=r"actor\.engine\.seed"):
-        load_ppo_config(cfg)
+        PPO_ENTRY.load(cfg)
 
 
 def test_misspelled_key_names_the_key():
     with pytest.raises(ConfigError, match=r"trainer\.totl_epochs"):
-        load_ppo_config(compose_config("ppo_trainer", ["+trainer.totl_epochs=3"]))
+        PPO_ENTRY.load(compose_config("ppo_trainer", ["+trainer.totl_epochs=3"]))
     with pytest.raises(ConfigError, match=r"actor\.engine\.not_a_key"):
-        load_ppo_config(compose_config("ppo_trainer", ["+actor.engine.not_a_key=1"]))
+        PPO_ENTRY.load(compose_config("ppo_trainer", ["+actor.engine.not_a_key=1"]))
 
 
 def test_unknown_engine_lists_the_registered_ones():
     cfg = compose_config("ppo_trainer", [])
     OmegaConf.update(cfg, "critic.engine.name", "nope")
     with pytest.raises(ConfigError) as raised:
-        load_ppo_config(cfg)
+        PPO_ENTRY.load(cfg)
     assert str(raised.value).startswith("unknown engine 'nope' (config key critic.engine.name); registered: ")
     assert "fsdp2" in str(raised.value) and str(raised.value).count("config key") == 1
 

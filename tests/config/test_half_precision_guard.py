@@ -19,9 +19,15 @@ from one_line_errors import one_line_error
 from cpuinfo_samples import AMX_SAPPHIRE_RAPIDS, AVX2_EPYC, AVX512_BF16_COOPER_LAKE
 
 from rlflow.models.hf_checkpoint import DTYPES
-from rlflow.trainer import dtype_guard
-from rlflow.trainer.config_choices import ppo_choices, sft_choices
-from rlflow.trainer.config_loading import PPO_ENGINE_MOUNTS, SFT_ENGINE_MOUNTS, compose_ppo_config, compose_sft_config
+from rlflow.config.loading import dtype_guard
+from rlflow.trainer.entry_points import (
+    PPO_ENGINE_MOUNTS,
+    PPO_ENTRY,
+    SFT_ENGINE_MOUNTS,
+    SFT_ENTRY,
+    compose_ppo_config,
+    compose_sft_config,
+)
 from rlflow.utils import cpu_features
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,10 +105,9 @@ def test_reduce_dtype_and_fp32_are_not_compute_settings(avx2_cpu):
     compose_ppo_config(["actor.engine.reduce_dtype=bf16", "rollout.dtype=fp32", "trainer.device=cpu"])
 
 
-@pytest.mark.parametrize(("choices", "mounts", "keys"), [(ppo_choices, PPO_ENGINE_MOUNTS, PPO_KEYS),
-                                                         (sft_choices, SFT_ENGINE_MOUNTS, SFT_KEYS)])
-def test_every_dtype_choice_but_the_reduction_is_guarded(choices, mounts, keys):
-    dtype_keys = {choice.key for choice in choices(mounts) if choice.names is DTYPES}
+@pytest.mark.parametrize(("entry", "keys"), [(PPO_ENTRY, PPO_KEYS), (SFT_ENTRY, SFT_KEYS)])
+def test_every_dtype_choice_but_the_reduction_is_guarded(entry, keys):
+    dtype_keys = {choice.key for choice in entry.choices() if choice.names is DTYPES}
     assert {key for key in dtype_keys if not key.endswith(".reduce_dtype")} == set(keys)
 
 

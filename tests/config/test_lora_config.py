@@ -12,10 +12,10 @@ from one_line_errors import one_line_error
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlflow.data.tasks.corpus import tokenizer_corpus
-from rlflow.engines.common.lora import target_module_names
+from rlflow.engines.common.forward.lora import target_module_names
 from rlflow.engines.config import EngineConfigError, LoRAConfig
 from rlflow.models.presets import build_preset
-from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
+from rlflow.trainer.entry_points import compose_ppo_config, compose_sft_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,8 +29,8 @@ def test_lora_on_an_engine_without_it_is_refused(compose, mount):
 @pytest.mark.parametrize("overrides,words", [
     (["rollout.lora_sync=adapter"], "needs a LoRA actor"),
     (["rollout=hf", "actor.engine.lora.rank=8", "rollout.lora_sync=adapter"], "merged weights only"),
-    (["actor.engine.lora.rank=8", "rollout.lora_sync=adapters"], "choose one of adapter, merged"),
-    (["actor.engine.lora.rank=8", "actor.engine.lora.parts=[mlp,embedding]"], "choose one of attention, mlp, unembedding"),
+    (["actor.engine.lora.rank=8", "rollout.lora_sync=adapters"], "unknown LoRA sync mode 'adapters' (config key rollout.lora_sync); registered: adapter, merged"),
+    (["actor.engine.lora.rank=8", "actor.engine.lora.parts=[mlp,embedding]"], "unknown LoRA part 'embedding' (config key actor.engine.lora.parts); registered: attention, mlp, unembedding"),
     (["actor.engine.lora.rank=-1"], "lora.rank=-1"),
     (["actor.engine.lora.rank=8", "actor.engine.lora.alpha=0"], "lora.alpha=0.0"),
 ])

@@ -13,10 +13,10 @@ import pytest
 from omegaconf import OmegaConf
 from one_line_errors import one_line_error
 
-from rlflow.algos import POLICY_LOSS_REGISTRY, check_rollout_correction, register_policy_loss
+from rlflow.algos import POLICY_LOSS_REGISTRY, check_rollout_correction
 from rlflow.config import ConfigError
-from rlflow.trainer.config_loading import compose_ppo_config
-from rlflow.trainer.entry import CONFIG_DIR
+from rlflow.trainer.entry_points import compose_ppo_config
+from rlflow.config.loading.hydra_entry import CONFIG_DIR
 
 SECTION = "algorithm.rollout_correction"
 PRESETS = {
@@ -111,7 +111,7 @@ def test_bad_input_is_one_config_error_line_naming_the_key(base, case):
 
 def test_weights_for_a_loss_without_the_keyword_are_refused(base):
     with POLICY_LOSS_REGISTRY.temporary():
-        @register_policy_loss("no_weights")
+        @POLICY_LOSS_REGISTRY.register("no_weights")
         def no_weights(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config):
             raise AssertionError("not called")
 

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 
 from rlflow.config import ConfigError
 from rlflow.config.verl_keys import render_markdown, rows
-from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
-from rlflow.trainer.verl_overrides import is_rlflow_key, override_key
+from rlflow.trainer.entry_points import compose_ppo_config, compose_sft_config
+from rlflow.config.loading.verl_overrides import is_rlflow_key, override_key
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "from_verl_keys.md"
@@ -101,7 +101,7 @@ def test_checking_common_engine_keys_imports_no_other_engine():
     the Megatron or torchtitan engines (a machine whose torchtitan does not import still runs fsdp2)."""
     code = (
         "import sys\n"
-        "from rlflow.trainer.verl_overrides import check_verl_overrides\n"
+        "from rlflow.config.loading.verl_overrides import check_verl_overrides\n"
         "check_verl_overrides('ppo_trainer', ['actor.engine=fsdp2', 'actor.engine.micro_batch_size=8',\n"
         "                                     'actor.engine.compile=true', 'actor.engine.param_dtype=float32'])\n"
         "print(sorted(m for m in sys.modules if m.startswith(('rlflow.engines.megatron', 'rlflow.engines.torchtitan'))))\n"

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from rlflow.data.rl_dataset import RLDataset
 from rlflow.data.sft_dataset import SFTDataset
 from rlflow.errors import UserError
-from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
+from rlflow.trainer.entry_points import compose_ppo_config, compose_sft_config
 
 # ChatML with Qwen3's switch: enable_thinking=false puts an empty think block after every assistant header
 # (the generation prompt's too), and, for this test, a system line before the conversation.

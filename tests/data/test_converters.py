@@ -134,8 +134,8 @@ def test_bad_row_is_one_line_naming_file_row_and_field_and_writes_nothing(tmp_pa
 
 @pytest.mark.parametrize("setup, message", [
     (lambda tmp: tmp / "absent.parquet", "does not exist"),
-    (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "holds no .parquet/.jsonl/.json files"),
-    (lambda tmp: write_jsonl(tmp / "gsm8k.csv", []), "unsupported format '.csv'"),
+    (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "holds no .json/.jsonl/.parquet files"),
+    (lambda tmp: write_jsonl(tmp / "gsm8k.csv", []), "unknown data file format '.csv'; registered: .json, .jsonl, .parquet"),
     (lambda tmp: write_jsonl(tmp / "rows.jsonl", GSM8K_TEST), "cannot tell the split of"),
 ])
 def test_bad_sources_exit_2_with_one_line(tmp_path, capsys, setup, message):

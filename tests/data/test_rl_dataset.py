@@ -120,7 +120,7 @@ def test_missing_file_is_named(tmp_path, tokenizer, write_rows, rl_row):
     "setup,match",
     [
         (lambda d: (d / "empty").mkdir() or d / "empty", "holds no"),
-        (lambda d: (d / "x.csv").write_text("a,b\n") and d / "x.csv", "unsupported format"),
+        (lambda d: (d / "x.csv").write_text("a,b\n") and d / "x.csv", "unknown data file format '.csv'"),
         (lambda d: (d / "x.parquet").write_bytes(b"not parquet") and d / "x.parquet", "cannot be read"),
         (lambda d: (d / "x.jsonl").write_text('{"a": 1}\n{broken\n') and d / "x.jsonl", "line 2 is not valid JSON"),
     ],

@@ -6,6 +6,7 @@
 * ``ENGINES`` / ``engines_with`` / ``engines_with_option``: every registered engine (``test_ddp``
   included), those declaring some capabilities, those with some config option; ``new_engine`` /
   ``train_steps`` / ``save_results``: what a spawned scenario does with them;
+* ``toy_stepper`` / ``toy_backward``: an ``OptimizerStepper`` over one small linear layer, for the unit tests;
 * the plain single-process PyTorch reference (HF model + AdamW loop, full logits,
   written independently of the engine code) and ``full_grads`` to read an engine's gradients.
 """
@@ -28,6 +29,8 @@ import ddp_engine  # noqa: F401  (registers test_ddp in this process and in ever
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.engines import EngineRegistry, build_engine
 from rlflow.engines.base import BaseEngine, Capability
+from rlflow.engines.common.optim.optimizer_step import OptimizerStepper
+from rlflow.engines.config import EngineConfig, LRSchedulerConfig, OptimizerConfig
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 
@@ -107,6 +110,29 @@ def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
         real = attention_mask[row].nonzero().squeeze(-1)
         positions[row, real] = torch.arange(len(real), device=attention_mask.device)
     return positions
+
+
+# ------------------------------------------------------------------------------- a toy optimizer step
+TOY_SCHEDULE = LRSchedulerConfig(name="linear", warmup_steps=0, total_steps=4, min_lr_ratio=0.0)  # 1, .75, .5, .25
+
+
+def toy_stepper(grad_clip: float = 1.0) -> tuple[torch.nn.Linear, OptimizerStepper]:
+    """A seeded 3 -> 2 linear layer and the ``OptimizerStepper`` of its AdamW (lr 0.1, ``TOY_SCHEDULE``)."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    config = EngineConfig(name="x", optimizer=OptimizerConfig(lr=0.1, grad_clip=grad_clip, weight_decay=0.0),
+                          lr_scheduler=TOY_SCHEDULE)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1, weight_decay=0.0)
+
+    def clip(max_norm: float) -> float:
+        return torch.nn.utils.clip_grad_norm_(layer.parameters(), max_norm).item()
+
+    return layer, OptimizerStepper(optimizer, config, clip)
+
+
+def toy_backward(layer: torch.nn.Linear, scale: float = 1.0) -> None:
+    """Gradients of ``scale`` times the summed output on a batch of ones."""
+    (layer(torch.ones(4, 3)).sum() * scale).backward()
 
 
 # ---------------------------------------------------------------------------- engines in spawned ranks

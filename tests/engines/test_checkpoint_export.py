@@ -3,8 +3,8 @@
 Acceptance: the exported model's per-token log-probs and entropies (from its full logits) are
 those the live engine computed right after saving the checkpoint (``checkpoint_scenarios``:
 ``probe``), within ``TOKEN_TOL``, and its weights equal the live engine's export bit for bit.
-Every registered engine's checkpoint is exported: fsdp and fsdp2 carry their model files
-(``hf_config/``); ``test_ddp`` writes none, so it is exported with ``--model-path``.
+Every registered engine's checkpoint is exported; each carries its model files (``hf_config/``).
+A checkpoint without them needs ``--model-path`` (``test_tied_embeddings_are_written_once``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from checkpoint_scenarios import probe_batch
 from engine_testlib import ENGINES, TEST_MODEL_OPTIONS, load_results, reference_token_stats
 from rlflow.data.tasks.corpus import tokenizer_corpus
-from rlflow.engines.common.hf_export import EXPORT_MARKER
+from rlflow.engines.common.checkpoint.hf_export import EXPORT_MARKER
 from rlflow.models.presets import build_preset
 from rlflow.trainer.export_checkpoint import main
 
@@ -32,13 +32,12 @@ pytestmark = pytest.mark.timeout(900)  # may be the first test to need the 2-ran
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_export_of_a_two_rank_checkpoint_has_the_live_engines_outputs(
-    engine: str, two_rank: Path, model_path: Path, tmp_path: Path
+    engine: str, two_rank: Path, tmp_path: Path
 ) -> None:
     live = load_results(two_rank, "checkpoint.pt")[engine]
     checkpoint = two_rank / f"ckpt_{engine}"
-    extra = [] if (checkpoint / "hf_config").is_dir() else ["--model-path", str(model_path)]
-    assert engine == "test_ddp" or not extra, "the fsdp engines keep their config and tokenizer in the checkpoint"
-    assert main([str(checkpoint), str(tmp_path / "hf"), *extra]) == 0
+    assert (checkpoint / "hf_config").is_dir(), "an engine checkpoint keeps the model's config and tokenizer"
+    assert main([str(checkpoint), str(tmp_path / "hf")]) == 0
     model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     state = model.state_dict()
@@ -99,7 +98,10 @@ def test_bad_input_is_one_line_and_exit_2(two_rank: Path, tmp_path: Path, capsys
     (damaged / "model_optim" / ".metadata").unlink()
     assert main([str(damaged), str(tmp_path / "out")]) == 2
     assert ".metadata is missing" in _one_line_error(capsys)
-    assert main([str(two_rank / "ckpt_test_ddp"), str(tmp_path / "out")]) == 2
+    without_model_files = tmp_path / "without_model_files"
+    shutil.copytree(two_rank / "ckpt_fsdp2", without_model_files)
+    shutil.rmtree(without_model_files / "hf_config")
+    assert main([str(without_model_files), str(tmp_path / "out")]) == 2
     assert "--model-path" in _one_line_error(capsys)
 
 

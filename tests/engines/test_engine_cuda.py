@@ -17,7 +17,7 @@ import torch
 from cuda_scenarios import cuda_suite, probe_batch
 from engine_testlib import ENGINES, REFERENCE_LRS, engines_with, load_results, spawn
 from rlflow.engines.base import Capability
-from rlflow.engines.common.packing import make_token_stream
+from rlflow.engines.common.batching.packing import make_token_stream
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

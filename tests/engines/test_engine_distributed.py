@@ -1,8 +1,9 @@
 """Engine acceptance tests in real processes over gloo: parity with plain PyTorch, gradient
 accumulation, packing, HF export and the value-head engine (checkpoints: test_engine_checkpoints.py).
 
-Every registered engine runs them (``engine_scenarios.ENGINES``: fsdp, fsdp2 and the test
-engine ``test_ddp``, which is not a ``ModuleEngine``); a scenario that needs an optional
+Every registered engine runs them (``engine_scenarios.ENGINES``: the built-in ones, megatron a
+``DelegatingEngine`` and the others ``ModuleEngine``s, and ``test_ddp``, the DDP engine of
+docs/engines.md on ``ModuleEngine``); a scenario that needs an optional
 feature is parametrized over the engines that declare it (``engines_with``).
 Three launches in total (one of 2 ranks, two of 1 rank: the session fixtures in conftest.py);
 each runs many configurations and rank 0 saves the results that the tests below check.
@@ -19,9 +20,7 @@ import torch
 from engine_scenarios import FSDP2_REDUCE_EVERY_MICRO, parity_configs
 from engine_testlib import ENGINES, REFERENCE_LRS, engines_with, engines_with_option, load_results
 from rlflow.algos import loss_agg_modes
-from rlflow.engines import EngineRegistry
-from rlflow.engines.base import Capability
-from rlflow.engines.common.module_engine import ModuleEngine
+from rlflow.engines import Capability, DelegatingEngine, EngineRegistry, ModuleEngine
 
 TOKEN_TOL = 1e-5
 # The session fixtures each run one multi-configuration launch (about a minute of CPU); on a
@@ -33,9 +32,11 @@ def _results(folder: Path, name: str) -> dict[str, Any]:
     return load_results(folder, name)
 
 
-def test_the_suite_runs_an_engine_that_is_not_a_module_engine() -> None:
-    assert {"fsdp", "fsdp2", "test_ddp"} <= set(ENGINES)
-    assert not issubclass(EngineRegistry.get("test_ddp"), ModuleEngine)
+def test_the_suite_runs_the_documented_ddp_engine_and_one_that_is_not_a_module_engine() -> None:
+    assert {"fsdp", "fsdp2", "megatron", "test_ddp"} <= set(ENGINES)
+    assert issubclass(EngineRegistry.get("test_ddp"), ModuleEngine)
+    megatron = EngineRegistry.get("megatron")
+    assert issubclass(megatron, DelegatingEngine) and not issubclass(megatron, ModuleEngine)
     assert "test_ddp" in engines_with(Capability.VALUE_MODEL) and "test_ddp" not in engines_with(Capability.MIXED_PRECISION)
 
 

@@ -41,7 +41,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from transformers import AutoModelForCausalLM
 
 from rlflow.engines.base import Capability
-from rlflow.engines.common.checkpointing import MODEL_OPTIM_DIR
+from rlflow.engines.common.checkpoint.checkpointing import MODEL_OPTIM_DIR
 from rlflow.trainer.export_checkpoint import export_checkpoint
 
 LORA_ENGINES = engines_with(Capability.LORA)

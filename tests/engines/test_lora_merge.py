@@ -8,7 +8,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from rlflow.engines.common.lora_export import merged_peft_folder
+from rlflow.engines.common.checkpoint.lora_export import merged_peft_folder
 from rlflow.models.hf_checkpoint import safetensors_weights
 
 

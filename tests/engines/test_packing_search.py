@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlflow.engines.common.packing import ROW_WIDTH_MAX_MULTIPLE, ROW_WIDTH_STEPS, first_fit_rows, row_width
+from rlflow.engines.common.batching.packing import ROW_WIDTH_MAX_MULTIPLE, ROW_WIDTH_STEPS, first_fit_rows, row_width
 
 LENGTHS = st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=200)
 

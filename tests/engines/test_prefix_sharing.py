@@ -1,4 +1,4 @@
-"""``share_prefix`` (``rlflow.engines.common.prefix_sharing``): rows that begin with the same prompt run it once,
+"""``share_prefix`` (``rlflow.engines.common.batching.prefix_sharing``): rows that begin with the same prompt run it once,
 and their log-probs, values and gradients equal the HF model's own sdpa on the padded batch."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlflow.engines.common.forward_backward import run_forward_backward
-from rlflow.engines.common.hf_module import forward_micro_batch, load_forward_module
-from rlflow.engines.common.models import get_model_kind
-from rlflow.engines.common.micro_batching import MicroBatchPlan, plan_micro_batches
-from rlflow.engines.common.prefix_sharing import prefix_row_groups, shared_prefix_stream
-from rlflow.engines.common.varlen_sdpa import SDPA_VARLEN, sequence_grid
+from rlflow.engines.common.batching.micro_batching import MicroBatchPlan, plan_micro_batches
+from rlflow.engines.common.batching.prefix_sharing import prefix_row_groups, shared_prefix_stream
+from rlflow.engines.common.batching.varlen_sdpa import SDPA_VARLEN, sequence_grid
+from rlflow.engines.common.forward.forward_backward import run_forward_backward
+from rlflow.engines.common.forward.hf_module import forward_micro_batch, load_forward_module
+from rlflow.engines.common.forward.models import get_model_kind
 from rlflow.engines.config import EngineConfigError, HFModuleEngineConfig, config_from_mapping
 from rlflow.protocol import DataProto
 

@@ -8,8 +8,8 @@ import copy
 import torch
 from torch import nn
 
-from rlflow.engines.common.optimizer_step import OptimizerStepper
-from rlflow.engines.common.optimizers import build_adamw, no_decay_names
+from rlflow.engines.common.optim.optimizer_step import OptimizerStepper
+from rlflow.engines.common.optim.optimizers import build_adamw, no_decay_names
 from rlflow.engines.config import EngineConfig, OptimizerConfig, StepHyperparams
 
 

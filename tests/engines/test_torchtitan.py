@@ -184,7 +184,7 @@ def test_the_cpu_mask_is_torchtitans_packed_document_mask(models: dict[str, Path
     from transformers import AutoConfig
 
     from rlflow.engines.torchtitan.architectures import titan_architecture
-    from rlflow.engines.common.packing import document_causal_mask
+    from rlflow.engines.common.batching.packing import document_causal_mask
 
     hf_config = AutoConfig.from_pretrained(models["tiny-qwen3"])
     with torch.device("meta"):  # torchtitan's model as it runs on GPU: flex attention

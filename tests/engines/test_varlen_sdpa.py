@@ -1,4 +1,4 @@
-"""``attn_implementation=sdpa_varlen`` (``rlflow.engines.common.varlen_sdpa``) against the HF model's own sdpa on
+"""``attn_implementation=sdpa_varlen`` (``rlflow.engines.common.batching.varlen_sdpa``) against the HF model's own sdpa on
 the padded batch: log-probs, values and gradients, packed and padded layouts, left and right padding, GQA, on the
 CPU and (marked ``gpu``, ``make test-gpu``) on a CUDA GPU."""
 
@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from rlflow.engines.common.hf_module import forward_micro_batch, load_forward_module
-from rlflow.engines.common.models import get_model_kind
-from rlflow.engines.common.packing import make_token_stream
-from rlflow.engines.common.varlen_sdpa import SDPA_VARLEN, sequence_grid
+from rlflow.engines.common.batching.packing import make_token_stream
+from rlflow.engines.common.batching.varlen_sdpa import SDPA_VARLEN, sequence_grid
+from rlflow.engines.common.forward.hf_module import forward_micro_batch, load_forward_module
+from rlflow.engines.common.forward.models import get_model_kind
 from rlflow.engines.config import HFModuleEngineConfig, config_from_mapping
 from rlflow.protocol import DataProto
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from rlflow.engines.fsdp2 import FSDP2Engine
 from rlflow.engines.registry import EngineRegistry
-from rlflow.rollout.base import register_rollout
+from rlflow.rollout.base import ROLLOUT_REGISTRY
 from rlflow.rollout.vllm_rollout import VLLMRollout
 
 MARKER_ENV = "RLFLOW_FAULT_MARKERS"
@@ -54,7 +54,7 @@ class PhaseFSDP2Engine(FSDP2Engine):
         super().save_checkpoint(path)
 
 
-@register_rollout("phase_vllm")
+@ROLLOUT_REGISTRY.register("phase_vllm")
 class PhaseVLLMRollout(VLLMRollout):
     """The vLLM rollout that marks each ``generate`` call ("generate")."""
 

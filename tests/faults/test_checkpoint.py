@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlflow.engines.common import checkpointing
+from rlflow.engines.common.checkpoint import checkpointing
 from rlflow.errors import CheckpointError
 from rlflow.trainer import checkpoint as checkpoint_module
 from rlflow.trainer.checkpoint import DRIVER_STATE, LATEST_FILE, CheckpointManager

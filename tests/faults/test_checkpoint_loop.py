@@ -14,7 +14,7 @@ import torch
 
 from rlflow.protocol import DataProto
 from rlflow.trainer.checkpoint import CheckpointManager
-from rlflow.trainer.config_loading import compose_sft_config
+from rlflow.trainer.entry_points import compose_sft_config
 from rlflow.trainer.divergence import DivergenceError, DivergenceGuard
 from rlflow.trainer.preemption import PreemptionFlag
 from rlflow.trainer.sft_trainer import SFTRun, SFTTrainer

@@ -11,7 +11,7 @@ from rlflow.config import ConfigError
 from rlflow.errors import CheckpointError, UserError
 from rlflow.roles.critic import trailing_skipped_steps
 from rlflow.trainer.checkpoint import CheckpointManager
-from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
+from rlflow.trainer.entry_points import compose_ppo_config, compose_sft_config
 from rlflow.trainer.divergence import DivergenceError, DivergenceGuard, replace_non_finite
 
 

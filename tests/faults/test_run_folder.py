@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlflow.engines.common.hf_export import EXPORT_MARKER, write_hf_folder
+from rlflow.engines.common.checkpoint.hf_export import EXPORT_MARKER, write_hf_folder
 from rlflow.errors import CheckpointError, UserError
 from rlflow.trainer.checkpoint import CheckpointManager
 from rlflow.trainer.fingerprint import DATA_CONTENT_KEY, fingerprint_differences, is_free
@@ -53,7 +53,7 @@ def test_a_second_run_is_refused_naming_pid_and_host_and_a_killed_holder_blocks_
 
 
 def _config(tmp_path: Path, *overrides: str):
-    from rlflow.trainer.config_loading import compose_ppo_config
+    from rlflow.trainer.entry_points import compose_ppo_config
 
     data = tmp_path / "train.jsonl"
     if not data.exists():

@@ -36,8 +36,8 @@ from rlflow.roles.reference import Reference
 from rlflow.roles.reward_model import RewardModel
 from rlflow.roles.rollout_worker import RolloutWorker
 from rlflow.roles.sft_worker import SFTWorker
-from rlflow.trainer.config_loading import compose_ppo_config
-from rlflow.trainer.timeouts import METHOD_PHASES, PHASES, group_timeouts
+from rlflow.trainer.entry_points import compose_ppo_config
+from rlflow.config.loading.timeouts import METHOD_PHASES, PHASES, group_timeouts
 from rlflow.utils.plugins import load_module_file
 from rlflow.workers.decorator import registered_methods
 
@@ -126,7 +126,7 @@ ROLE_CLASSES = (Actor, ActorRolloutRef, Critic, Reference, RewardModel, RolloutW
 
 
 def test_every_role_method_has_a_phase():
-    """A new @register-ed role method must be given a phase (rlflow/trainer/timeouts.py METHOD_PHASES)."""
+    """A new @register-ed role method must be given a phase (rlflow/config/loading/timeouts.py METHOD_PHASES)."""
     methods = {name for cls in ROLE_CLASSES for name in registered_methods(cls)}
     assert methods - set(METHOD_PHASES) == set()
     assert set(METHOD_PHASES.values()) <= set(PHASES)

@@ -16,7 +16,7 @@ import pytest
 
 from rlflow.config.schema import ModelConfig
 from rlflow.models.ensure import ModelFolderError, ensure_model, model_folder
-from rlflow.trainer.config_loading import compose_ppo_config
+from rlflow.trainer.entry_points import compose_ppo_config
 
 REPO = Path(__file__).resolve().parents[2]
 

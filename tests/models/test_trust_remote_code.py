@@ -13,13 +13,13 @@ import vllm
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
-from rlflow.engines.common.hf_module import load_forward_module
-from rlflow.engines.common.models import get_model_kind
+from rlflow.engines.common.forward.hf_module import load_forward_module
+from rlflow.engines.common.forward.models import get_model_kind
 from rlflow.engines.config import config_from_mapping
 from rlflow.engines.fsdp2 import FSDP2EngineConfig
 from rlflow.models.loading import load_tokenizer
 from rlflow.rollout.hf_rollout import HFRollout
-from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
+from rlflow.trainer.entry_points import compose_ppo_config, compose_sft_config
 from tests.rollout.rollout_testlib import rollout_config
 
 ENGINE_MOUNTS = ("actor.engine", "critic.engine", "ref.engine", "reward.reward_model.engine")

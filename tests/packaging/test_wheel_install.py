@@ -83,7 +83,7 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> WheelVenv:
 
 
 PROBE = """
-import json, rlflow, rlflow.trainer.entry as entry
+import json, rlflow, rlflow.config.loading.hydra_entry as entry
 from importlib.metadata import distribution
 scripts = {ep.name: ep.load().__module__ for ep in distribution("rlflow-llm").entry_points if ep.group == "console_scripts"}
 print(json.dumps({"module": rlflow.__file__, "configs": entry.CONFIG_DIR, "scripts": scripts}))

@@ -1,4 +1,4 @@
-"""A plugin engine whose config class is its own (a subclass of ``EngineConfig``, not of FSDP2's).
+"""A plugin engine whose config class is its own (a subclass of ``HFModuleEngineConfig``, not of FSDP2's).
 
 The engine from docs/engines.md: one replicated module, gradients all-reduced by DDP. It has no
 YAML under rlflow/configs/engine/, so ``engine.name=user_ddp`` composes a node of the command line's
@@ -12,13 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from rlflow.engines.common.module_engine import ModuleEngine
-from rlflow.engines.config import EngineConfig
-from rlflow.engines.registry import EngineRegistry
+from rlflow.engines import EngineRegistry, HFModuleEngineConfig, ModuleEngine
 
 
 @dataclass
-class UserDDPEngineConfig(EngineConfig):
+class UserDDPEngineConfig(HFModuleEngineConfig):
     """The shared engine options plus DDP's bucket size."""
 
     name: str = "user_ddp"

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from rlflow.config import ConfigError
 from rlflow.engines.registry import build_engine
-from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
+from rlflow.trainer.entry_points import compose_ppo_config, compose_sft_config
 
 HERE = Path(__file__).resolve().parent
 USER_PLUGIN = HERE / "user_plugin.py"

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from rlflow.algos import get_policy_loss_fn, register_policy_loss
+from rlflow.algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn
 from rlflow.engines.config import StepHyperparams
 from rlflow.engines.fsdp2 import FSDP2Engine, FSDP2EngineConfig
 from rlflow.engines.registry import EngineRegistry
-from rlflow.rewards import register_reward
+from rlflow.rewards import REWARD_REGISTRY
 
 MARKER_ENV = "RLFLOW_PLUGIN_MARKERS"
 REWARD_SOURCE = "user/digit_share"
@@ -51,14 +51,14 @@ class UserFSDP2Engine(FSDP2Engine):
         return super().optim_step(lr, hyperparams)
 
 
-@register_policy_loss("user_vanilla")
+@POLICY_LOSS_REGISTRY.register("user_vanilla")
 def user_vanilla_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None):
     """The vanilla PPO loss, marking the process that computed it."""
     leave_marker(os.environ.get(MARKER_ENV), "policy_loss")
     return get_policy_loss_fn("vanilla")(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
 
 
-@register_reward(REWARD_SOURCE)
+@REWARD_REGISTRY.register(REWARD_SOURCE)
 def digit_share(data_source, solution_str, ground_truth, extra_info=None):
     """The share of digit characters in the response (varies between samples, so GRPO has advantages)."""
     leave_marker(os.environ.get(MARKER_ENV), "reward")

@@ -14,7 +14,7 @@ import pytest
 from rlflow.data.tasks import build_task, write_task_files
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import build_preset
-from rlflow.trainer.config_loading import compose_ppo_config
+from rlflow.trainer.entry_points import compose_ppo_config
 
 REPO = Path(__file__).resolve().parents[2]
 DIGIT_REWARD = Path(__file__).resolve().parent / "digit_reward.py"

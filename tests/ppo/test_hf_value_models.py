@@ -3,7 +3,7 @@ real PPO run: the scores the run trained on are HF's own pooled logits for those
 started from the folder's weights (its first values are HF's logits of each response prefix).
 
 The run is ``run_ppo`` (``main_ppo``'s body) in this process on real Ray, real FSDP2 engines and the HF
-rollout; ``PPOTrainer._compute_advantages`` is wrapped (it still runs) only to keep a copy of each
+rollout; the advantage phase (``Advantages.run``) is wrapped (it still runs) only to keep a copy of each
 batch it receives: its scores and values are what the run used.
 """
 
@@ -19,7 +19,8 @@ from conftest import base_overrides, compose_ppo, read_jsonl
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
-from rlflow.trainer.ppo_trainer import PPOTrainer, run_ppo
+from rlflow.trainer.phases.advantages import Advantages
+from rlflow.trainer.ppo_trainer import run_ppo
 
 TOL = 1e-4  # fp32; the engine packs the batch (another attention layout than one unpadded row)
 
@@ -48,13 +49,13 @@ def hf_pooled_logit(model: torch.nn.Module, tokens: torch.Tensor) -> float:
 def test_sequence_classifier_scores_and_initialises_the_critic_in_a_ppo_run(tiny_model, addition_data, tmp_path, monkeypatch):
     rm_folder = save_sequence_classifier(tiny_model, tmp_path / "rm")
     seen: list[DataProto] = []
-    original = PPOTrainer._compute_advantages
+    original = Advantages.run
 
-    def keep_a_copy(self, batch, prompts):
+    def keep_a_copy(self, ctx, batch, state):
         seen.append(DataProto.from_dict({k: v.clone() for k, v in batch.batch.items()}))
-        return original(self, batch, prompts)
+        return original(self, ctx, batch, state)
 
-    monkeypatch.setattr(PPOTrainer, "_compute_advantages", keep_a_copy)
+    monkeypatch.setattr(Advantages, "run", keep_a_copy)
     overrides = base_overrides(tiny_model, addition_data, tmp_path / "run") + [
         "algorithm=ppo", "rollout=hf", "trainer.total_training_steps=1", "critic.ppo_mini_batch_size=2", "data.val_files=[]",
         "reward.reward_model.enable=true", f"reward.reward_model.path={rm_folder}", f"critic.model.path={rm_folder}",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlflow.trainer.config_loading import compose_ppo_config, compose_sft_config
+from rlflow.trainer.entry_points import compose_ppo_config, compose_sft_config
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDING_PYTHON = """#!/usr/bin/env bash

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlflow.rewards import UnknownDataSourceError, get_reward_fn, register_reward
+from rlflow.rewards import REWARD_REGISTRY, UnknownDataSourceError, get_reward_fn
 from rlflow.rewards.math_boxed import last_boxed
 
 GSM8K_CASES = [
@@ -84,15 +84,15 @@ def test_unknown_data_source_lists_the_registered_ones():
 
 
 def test_registry_exact_key_beats_pattern_and_longer_pattern_wins(clean_registry):
-    @register_reward("myorg/*")
+    @REWARD_REGISTRY.register("myorg/*")
     def broad(*args):
         return 0.0
 
-    @register_reward("myorg/math/*")
+    @REWARD_REGISTRY.register("myorg/math/*")
     def narrow(*args):
         return 1.0
 
-    @register_reward("myorg/math/special")
+    @REWARD_REGISTRY.register("myorg/math/special")
     def exact(*args):
         return 2.0
 
@@ -100,6 +100,6 @@ def test_registry_exact_key_beats_pattern_and_longer_pattern_wins(clean_registry
     assert get_reward_fn("myorg/math/algebra") is narrow
     assert get_reward_fn("myorg/math/special") is exact
     with pytest.raises(ValueError, match="already registered"):
-        register_reward("myorg/*")(narrow)
-    register_reward("myorg/*", override=True)(narrow)
+        REWARD_REGISTRY.register("myorg/*")(narrow)
+    REWARD_REGISTRY.register("myorg/*", override=True)(narrow)
     assert get_reward_fn("myorg/chat") is narrow

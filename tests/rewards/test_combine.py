@@ -12,7 +12,7 @@ import torch
 from rlflow.config import ConfigError
 from rlflow.protocol import DataProto
 from rlflow.rewards.combine import REWARD_COMBINE_REGISTRY, needs_rule_scores
-from rlflow.trainer.config_loading import compose_ppo_config
+from rlflow.trainer.entry_points import compose_ppo_config
 from rlflow.trainer.response_scoring import ResponseScorer
 
 RULE = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])

@@ -13,7 +13,7 @@ from rlflow.config import ConfigError
 from rlflow.config.schema import RewardConfig
 from rlflow.errors import UserError
 from rlflow.protocol import DataProto
-from rlflow.rewards import RewardManager, UnknownDataSourceError, score_batch, load_custom_function, register_reward
+from rlflow.rewards import REWARD_REGISTRY, RewardManager, UnknownDataSourceError, load_custom_function, score_batch
 
 RESPONSE_LEN = 32
 
@@ -142,7 +142,7 @@ def test_unknown_data_source_in_a_batch_is_an_error(tokenizer):
 
 
 def test_unpicklable_function_with_workers_is_a_clear_error(tokenizer, clean_registry):
-    register_reward("local/lambda")(lambda *args: 1.0)
+    REWARD_REGISTRY.register("local/lambda")(lambda *args: 1.0)
     batch = make_batch(tokenizer, [("local/lambda", "a", "a", 1.0)] * 2)
     assert score_batch(batch, tokenizer, RewardConfig()).__getitem__(0).sum().item() == 2.0
     with pytest.raises(UserError, match="reward.num_workers=0"):

@@ -17,15 +17,15 @@ import pytest
 import torch
 
 from rlflow.algos import compute_policy_loss_bypass_mode, get_policy_loss_fn
-from rlflow.algos.rollout_correction import ROLLOUT_CORRECTION_META_KEY
 from rlflow.config.schema import RolloutCorrectionConfig
 from rlflow.engines import EngineMesh, LossContext
+from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, TEMPERATURE
 from rlflow.protocol import DataProto
 from rlflow.roles.actor import Actor
 from rlflow.roles.actor_rollout_ref import ActorRolloutRef
 from rlflow.roles.critic import Critic
 from rlflow.roles.engine_role import response_log_probs
-from rlflow.roles.losses import OLD_LOG_PROBS_FROM_UPDATE, global_batch_info, make_policy_loss_fn
+from rlflow.roles.losses import global_batch_info, make_policy_loss_fn
 from rlflow.roles.reward_model import RewardModel
 
 PROMPT, RESPONSE, ROWS = 3, 4, 2
@@ -158,7 +158,7 @@ def test_on_policy_loss_takes_the_detached_current_log_probs_as_old():
     log_probs = (-torch.rand(ROWS, PROMPT + RESPONSE)).requires_grad_()
     entropy = torch.rand(ROWS, PROMPT + RESPONSE, requires_grad=True)
     ctx = LossContext(global_num_tokens=ROWS * RESPONSE, global_num_seqs=ROWS, dp_size=1, num_micro_batches=1, micro_batch_index=0)
-    on_policy = DataProto(dict(data.batch), {}, {OLD_LOG_PROBS_FROM_UPDATE: True})
+    on_policy = DataProto(dict(data.batch), {}, {OLD_LOG_PROBS_FROM_UPDATE.name: True})
     loss, metrics = loss_fn({"log_probs": log_probs, "entropy": entropy}, on_policy, ctx)
     grad, entropy_grad = torch.autograd.grad(loss, [log_probs, entropy], allow_unused=True)
     assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
@@ -198,7 +198,7 @@ def test_actor_forward_backward_hands_back_the_update_forward_per_token_when_on_
     data.batch["advantages"] = torch.randn(ROWS, RESPONSE)
     if not on_policy:
         data.batch["old_log_probs"] = -torch.ones(ROWS, RESPONSE)
-    data.meta_info = {"temperature": 0.7, OLD_LOG_PROBS_FROM_UPDATE: on_policy}
+    data.meta_info = {TEMPERATURE.name: 0.7, OLD_LOG_PROBS_FROM_UPDATE.name: on_policy}
     config = _policy_config()
     collecting = SimpleNamespace(engine=RecordingEngine(True), actor_config=config, loss_fn=make_policy_loss_fn(config))
     out = Actor.forward_backward(collecting, data)
@@ -243,7 +243,7 @@ def test_bypass_settings_in_meta_info_run_the_bypass_loss():
     loss_fn = make_policy_loss_fn(_policy_config())
     data, log_probs, ctx = _loss_inputs()
     settings = RolloutCorrectionConfig(rollout_is="token", bypass_mode=True, loss_type="reinforce")
-    data.meta_info[ROLLOUT_CORRECTION_META_KEY] = asdict(settings)
+    data.meta_info[ROLLOUT_CORRECTION.name] = asdict(settings)
     loss, metrics = loss_fn({"log_probs": log_probs}, data, ctx)
     reference_config = SimpleNamespace(global_batch_info=global_batch_info(ctx), policy_loss=SimpleNamespace(
         rollout_correction=settings))
@@ -264,10 +264,12 @@ def test_actor_forward_backward_carries_rollout_correction_to_the_loss_and_its_m
     Actor.forward_backward(role, data)
     assert torch.equal(role.engine.views[0].batch["rollout_is_weights"], data.batch["rollout_is_weights"])
     data.batch.pop("rollout_is_weights")
-    data.meta_info = {ROLLOUT_CORRECTION_META_KEY: asdict(RolloutCorrectionConfig(bypass_mode=True))}
+    data.meta_info = {ROLLOUT_CORRECTION.name: asdict(RolloutCorrectionConfig(bypass_mode=True))}
     out = Actor.forward_backward(role, data)
-    assert role.engine.views[1].meta_info[ROLLOUT_CORRECTION_META_KEY]["bypass_mode"] is True
+    assert role.engine.views[1].meta_info[ROLLOUT_CORRECTION.name]["bypass_mode"] is True
+    assert role.engine.views[1].meta_info["compute_entropy"] is True  # no old-log-prob pass: the update gives entropy
+    assert role.engine.views[0].meta_info["compute_entropy"] is False
     assert "rollout_corr/kl" in out.meta_info["metrics"] and "actor/pg_loss" in out.meta_info["metrics"]
-    data.meta_info[OLD_LOG_PROBS_FROM_UPDATE] = True
+    data.meta_info[OLD_LOG_PROBS_FROM_UPDATE.name] = True
     with pytest.raises(ValueError, match="bypass mode"):
         Actor.forward_backward(role, data)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -26,7 +24,7 @@ def test_dispatch_balances_and_collect_restores_order(lengths, dp_size):
     mode = get_dispatch_mode(DP_BALANCED_TOKENS)
     ctx = DispatchContext("rollout.generate_sequences", world_size=dp_size)
     prompts = _prompts(lengths)
-    calls = mode.dispatch_fn(ctx, (prompts,), {})
+    calls = mode.dispatch(ctx, (prompts,), {})
     tokens = [int(calls[r][0][0].batch["attention_mask"].sum()) for r in range(dp_size)]
     padded_total = sum(tokens)
     assert max(tokens) - min(tokens) <= max(lengths)
@@ -38,7 +36,7 @@ def test_dispatch_balances_and_collect_restores_order(lengths, dp_size):
         shard.batch["sample"] = torch.arange(n).repeat(len(args[0]))
         shard.meta_info["metrics"] = {"rows": len(args[0])}
         outputs[rank] = shard
-    merged = mode.collect_fn(ctx, outputs)
+    merged = mode.collect(ctx, outputs)
     assert list(merged.non_tensor_batch["uid"]) == [f"u{i}" for i in range(len(lengths)) for _ in range(n)]
     assert merged.batch["input_ids"][:, 0].tolist() == [i for i in range(len(lengths)) for _ in range(n)]
     assert merged.batch["sample"].tolist() == list(range(n)) * len(lengths)
@@ -48,6 +46,6 @@ def test_dispatch_of_an_empty_batch():
     mode = get_dispatch_mode(DP_BALANCED_TOKENS)
     ctx = DispatchContext("m", world_size=2)
     empty = _prompts([3, 1])[0:0]
-    calls = mode.dispatch_fn(ctx, (empty,), {})
-    merged = mode.collect_fn(ctx, {r: args[0] for r, (args, _) in calls.items()})
+    calls = mode.dispatch(ctx, (empty,), {})
+    merged = mode.collect(ctx, {r: args[0] for r, (args, _) in calls.items()})
     assert len(merged) == 0

@@ -12,15 +12,15 @@ import os
 import time
 from pathlib import Path
 
-from rlflow.service.losses import cross_entropy, register_loss
+from rlflow.service.losses import TINKER_LOSS_REGISTRY, cross_entropy
 
 
-@register_loss("test_raises", ())
+@TINKER_LOSS_REGISTRY.register("test_raises")
 def raises(log_probs, micro, config):
     raise RuntimeError("the test loss fails on purpose")
 
 
-@register_loss("test_sleeps", (), {"seconds": 30.0})
+@TINKER_LOSS_REGISTRY.register("test_sleeps", config={"seconds": 30.0})
 def sleeps(log_probs, micro, config):
     Path(os.environ["RLFLOW_TEST_PID_FILE"]).write_text(str(os.getpid()))
     time.sleep(config["seconds"])

@@ -11,7 +11,7 @@ from tinker.types.loss_fn_type import LossFnType
 
 from rlflow.engines import LossContext
 from rlflow.protocol import DataProto
-from rlflow.service.losses import LOSS_FUNCTIONS, LossInputError, loss_config, make_loss_fn
+from rlflow.service.losses import TINKER_LOSS_REGISTRY, LossInputError, loss_config, make_loss_fn
 
 # SDK names this server does not register, and why (docs/service.md says the same).
 LEFT_OUT = {"gspo": "sequence-level maths unpublished", "stable_reinforce": "maths unpublished",
@@ -20,8 +20,8 @@ LEFT_OUT = {"gspo": "sequence-level maths unpublished", "stable_reinforce": "mat
 
 def test_every_sdk_loss_name_is_registered_or_named_as_left_out():
     sdk_names = set(typing.get_args(LossFnType))
-    assert sdk_names == set(LOSS_FUNCTIONS.names()) | set(LEFT_OUT)
-    assert not set(LOSS_FUNCTIONS.names()) - sdk_names
+    assert sdk_names == set(TINKER_LOSS_REGISTRY.names()) | set(LEFT_OUT)
+    assert not set(TINKER_LOSS_REGISTRY.names()) - sdk_names
 
 
 def _reference(name: str, lp: torch.Tensor, q: torch.Tensor, adv: torch.Tensor, w: torch.Tensor, cfg: dict) -> torch.Tensor:

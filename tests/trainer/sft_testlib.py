@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from rlflow.data.tasks import build_task, write_task_files
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import build_preset
-from rlflow.trainer.config_loading import compose_sft_config
+from rlflow.trainer.entry_points import compose_sft_config
 
 REPO = Path(__file__).resolve().parents[2]
 TASK_OPTIONS = {"digits": 2}

@@ -30,7 +30,7 @@ from rlflow.data.sft_dataset import build_sft_loader
 from rlflow.engines import EngineRegistry
 from rlflow.engines.base import Capability
 from rlflow.models.loading import load_tokenizer
-from rlflow.trainer.entry import CONFIG_DIR
+from rlflow.config.loading.hydra_entry import CONFIG_DIR
 from rlflow.trainer.main_sft import run_sft
 
 ENGINE_YAMLS = Path(CONFIG_DIR) / "engine"

@@ -52,7 +52,7 @@ def test_sft_loss_is_the_global_token_mean_scaled_for_the_dp_average():
 
 
 def test_unknown_launcher_is_a_config_error(tmp_path):
-    """Config loading rejects it (rlflow/trainer/config_choices.py), before any launcher runs."""
+    """Config loading rejects it (rlflow/config/loading/choices.py), before any launcher runs."""
     with pytest.raises(ConfigError, match="trainer.launcher.*ray, torchrun"):
         sft_config([f"trainer.default_local_dir={tmp_path}", "trainer.launcher=slurm"])
 

@@ -18,14 +18,21 @@ class Shape(str, Enum):
     SQUARE = "square"
 
 
-def test_register_named_sets_the_class_name_to_its_registered_name():
-    registry: Registry = Registry("shape", base=object)
+def test_name_attribute_sets_the_class_name_to_its_first_registered_name():
+    registry: Registry = Registry("shape", base=object, name_attribute="name")
 
-    @registry.register_named("circle")
+    @registry.register("circle", "round")
     class Circle:
         pass
 
-    assert registry.get("circle") is Circle and Circle.name == "circle"
+    assert registry.get("circle") is Circle is registry.get("round") and Circle.name == "circle"
+    plain: Registry = Registry("shape")
+
+    @plain.register("square")
+    class Square:
+        pass
+
+    assert not hasattr(Square, "name")
 
 
 def test_aliases_share_one_object_and_enums_are_names():
@@ -51,8 +58,8 @@ def test_duplicate_names_need_override_and_same_object_is_fine():
     def second():
         return 2
 
-    registry.add("one", first)
-    registry.add("one", first)  # the same object again: a module imported twice
+    registry.register("one")(first)
+    registry.register("one")(first)  # the same object again: a module imported twice
     with pytest.raises(ValueError, match=r"shape 'one' is already registered to .*first; pick another name for .*second"):
         registry.register("two", "one")(second)
     assert "two" not in registry  # a refused multi-name registration registers none of its names
@@ -66,7 +73,7 @@ def test_base_class_is_enforced():
     with pytest.raises(TypeError, match=r"engine 'number' must be a subclass of Exception; got <class 'int'>"):
         registry.register("number")(int)
     with pytest.raises(TypeError):
-        registry.add("instance", ValueError("not a class"))
+        registry.register("instance")(ValueError("not a class"))
 
 
 def test_metadata_is_per_entry_and_a_copy():
@@ -81,15 +88,15 @@ def test_metadata_is_per_entry_and_a_copy():
 
 def test_patterns_exact_first_then_longest_and_only_when_enabled():
     registry: Registry = Registry("reward data_source", patterns=True)
-    registry.add("org/*", "broad", scale=1)
-    registry.add("org/math/*", "narrow")
-    registry.add("org/math/special", "exact")
+    registry.register("org/*", scale=1)("broad")
+    registry.register("org/math/*")("narrow")
+    registry.register("org/math/special")("exact")
     assert registry.get("org/chat") == "broad" and registry.metadata("org/chat") == {"scale": 1}
     assert registry.get("org/math/algebra") == "narrow"
     assert registry.get("org/math/special") == "exact"
     assert "org/anything" in registry and "other/x" not in registry
     plain: Registry = Registry("name")
-    plain.add("org/*", "broad")
+    plain.register("org/*")("broad")
     assert "org/chat" not in plain
     with pytest.raises(UnknownNameError):
         plain.get("org/chat")
@@ -97,26 +104,26 @@ def test_patterns_exact_first_then_longest_and_only_when_enabled():
 
 def test_unknown_name_is_one_line_listing_the_registered_names():
     registry: Registry = Registry("policy loss", "actor.policy_loss.loss_mode")
-    registry.add("vanilla", 1)
-    registry.add("gspo", 2)
+    registry.register("vanilla")(1)
+    registry.register("gspo")(2)
     with pytest.raises(UnknownNameError) as info:
         registry.get("ppo2")
     assert str(info.value) == "unknown policy loss 'ppo2' (config key actor.policy_loss.loss_mode); registered: gspo, vanilla"
     assert isinstance(info.value, UserError) and isinstance(info.value, ValueError)
     with pytest.raises(UnknownNameError):
         registry.metadata("ppo2")
-    empty: Registry = Registry("tracker", error=LookupError, hint="add one with @register_tracker")
+    empty: Registry = Registry("tracker", error=LookupError, hint="add one with @TRACKER_REGISTRY.register")
     with pytest.raises(LookupError) as info:
         empty.get("x")
-    assert str(info.value) == "unknown tracker 'x'; registered: (none); add one with @register_tracker"
+    assert str(info.value) == "unknown tracker 'x'; registered: (none); add one with @TRACKER_REGISTRY.register"
 
 
 def test_temporary_rolls_back_registrations():
     registry: Registry = Registry("shape")
-    registry.add("kept", 1, tag="a")
+    registry.register("kept", tag="a")(1)
     with registry.temporary():
-        registry.add("scratch", 2)
-        registry.add("kept", 3, override=True)
+        registry.register("scratch")(2)
+        registry.register("kept", override=True)(3)
     assert registry.names() == ["kept"] and registry.get("kept") == 1 and registry.metadata("kept") == {"tag": "a"}
 
 
@@ -182,7 +189,7 @@ def test_temporary_keeps_what_discovery_imported(engine_package: str):
     registry = __import__(f"{engine_package}.registry", fromlist=["REGISTRY"]).REGISTRY
     with registry.temporary():
         registry.get("flat")
-        registry.add("scratch", type("Scratch", (), {}))
+        registry.register("scratch")(type("Scratch", (), {}))
     assert registry.get("flat").__name__ == "Flat" and "scratch" not in registry
 
 

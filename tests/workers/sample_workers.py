@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from rlflow.errors import DataError
 from rlflow.protocol import DataProto
-from rlflow.workers import ALL_TO_ALL, DP_COMPUTE, ONE_TO_ALL, RANK_ZERO, Worker, register, register_dispatch_mode
+from rlflow.workers import ALL_TO_ALL, DISPATCH_MODE_REGISTRY, DP_COMPUTE, ONE_TO_ALL, RANK_ZERO, DispatchMode, Worker, register
 
 
 class ProbeWorker(Worker):
@@ -141,20 +141,22 @@ class GenerateRole(Worker):
         return DataProto.from_dict({"response": prompts.batch["ids"] + 100})
 
 
-def _round_robin_dispatch(ctx, args, kwargs):
+# override: Ray workers import this file under another module name than the test process does
+@DISPATCH_MODE_REGISTRY.register("round_robin", override=True)
+class RoundRobin(DispatchMode):
     """Custom mode: rank r gets items r, r + world, r + 2*world ... of the one list argument."""
-    (items,) = args
-    return {rank: ((items[rank :: ctx.world_size],), {}) for rank in range(ctx.world_size)}
 
+    @staticmethod
+    def dispatch(ctx, args, kwargs):
+        (items,) = args
+        return {rank: ((items[rank :: ctx.world_size],), {}) for rank in range(ctx.world_size)}
 
-def _round_robin_collect(ctx, outputs):
-    merged = [None] * sum(len(out) for out in outputs.values())
-    for rank, out in outputs.items():
-        merged[rank :: ctx.world_size] = out
-    return merged
-
-
-register_dispatch_mode("round_robin", _round_robin_dispatch, _round_robin_collect, override=True)
+    @staticmethod
+    def collect(ctx, outputs):
+        merged = [None] * sum(len(out) for out in outputs.values())
+        for rank, out in outputs.items():
+            merged[rank :: ctx.world_size] = out
+        return merged
 
 
 class SlowInitWorker(Worker):

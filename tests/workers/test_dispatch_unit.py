@@ -15,17 +15,18 @@ from hypothesis import strategies as st
 from rlflow.protocol import DataProto, DataProtoError
 from rlflow.workers import (
     ALL_TO_ALL,
+    DISPATCH_MODE_REGISTRY,
     DP_COMPUTE,
     ONE_TO_ALL,
     RANK_ZERO,
     DispatchContext,
+    DispatchMode,
     MeshInfo,
     MeshTable,
     Worker,
     get_dispatch_mode,
     reduce_metrics,
     register,
-    register_dispatch_mode,
 )
 from rlflow.workers.decorator import registered_methods
 from rlflow.workers.dispatch import padded_chunks
@@ -39,9 +40,9 @@ def dp_tp_mesh(dp: int, tp: int) -> MeshTable:
 def run(mode: str, ctx: DispatchContext, fn, *args, **kwargs):
     """Dispatch, run ``fn(rank, *args)`` per called rank, collect."""
     spec = get_dispatch_mode(mode)
-    calls = spec.dispatch_fn(ctx, args, kwargs)
+    calls = spec.dispatch(ctx, args, kwargs)
     outputs = {rank: fn(rank, *a, **kw) for rank, (a, kw) in calls.items()}
-    return calls, spec.collect_fn(ctx, outputs)
+    return calls, spec.collect(ctx, outputs)
 
 
 def ctx_for(mesh: MeshTable, reduce="mean") -> DispatchContext:
@@ -144,16 +145,26 @@ def test_all_to_all_names_the_bad_argument():
 
 
 def test_custom_mode_registry():
-    register_dispatch_mode(
-        "unit_last_rank",
-        lambda ctx, args, kwargs: {ctx.world_size - 1: (args, kwargs)},
-        lambda ctx, outputs: outputs[ctx.world_size - 1],
-        override=True,
-    )
-    calls, out = run("unit_last_rank", DispatchContext("t", 4), lambda r, v: (r, v), 7)
-    assert list(calls) == [3] and out == (3, 7)
-    with pytest.raises(ValueError, match="already registered"):
-        register_dispatch_mode("unit_last_rank", lambda *a: {}, lambda *a: None)
+    with DISPATCH_MODE_REGISTRY.temporary():
+
+        @DISPATCH_MODE_REGISTRY.register("unit_last_rank")
+        class LastRank(DispatchMode):
+            @staticmethod
+            def dispatch(ctx, args, kwargs):
+                return {ctx.world_size - 1: (args, kwargs)}
+
+            @staticmethod
+            def collect(ctx, outputs):
+                return outputs[ctx.world_size - 1]
+
+        assert LastRank.name == "unit_last_rank"
+        calls, out = run("unit_last_rank", DispatchContext("t", 4), lambda r, v: (r, v), 7)
+        assert list(calls) == [3] and out == (3, 7)
+        with pytest.raises(ValueError, match="already registered"):
+            DISPATCH_MODE_REGISTRY.register("unit_last_rank")(type("Other", (DispatchMode,), {}))
+        with pytest.raises(TypeError, match="must be a subclass of DispatchMode"):
+            DISPATCH_MODE_REGISTRY.register("unit_function")(lambda ctx, args, kwargs: {})
+    assert "unit_last_rank" not in DISPATCH_MODE_REGISTRY
     with pytest.raises(ValueError, match="unknown dispatch mode 'nope'; registered: .*dp_compute"):
         get_dispatch_mode("nope")
 

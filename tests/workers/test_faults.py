@@ -55,7 +55,7 @@ def test_request_larger_than_cluster_names_what_is_missing(local_ray):
 
 
 def test_bad_pool_arguments_are_named():
-    with pytest.raises(ValueError, match="unknown placement 'diagonal'"):
+    with pytest.raises(ValueError, match="ResourcePool 'pool': unknown pool placement 'diagonal'; registered: pack, spread"):
         ResourcePool(procs_per_node=1, placement="diagonal")
     with pytest.raises(ValueError, match="need procs_per_node >= 1"):
         ResourcePool(procs_per_node=0)

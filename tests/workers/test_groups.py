@@ -121,7 +121,7 @@ def test_collected_dataprotos_do_not_view_the_object_store(group2):
 
 
 def test_custom_dispatch_mode(group4):
-    # "round_robin" is registered in sample_workers with register_dispatch_mode
+    # "round_robin" is registered in sample_workers with @DISPATCH_MODE_REGISTRY.register
     assert group4.total(list(range(10))) == [i * 10 for i in range(10)]
 
 

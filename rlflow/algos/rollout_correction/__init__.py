@@ -21,31 +21,31 @@ from rlflow.algos.rollout_correction.bypass_loss import (
 from rlflow.algos.rollout_correction.config_check import check_rollout_correction
 from rlflow.algos.rollout_correction.offpolicy import compute_offpolicy_metrics
 from rlflow.algos.rollout_correction.pipeline import (
-    ROLLOUT_CORRECTION_META_KEY,
     apply_bypass_mode,
     compute_rollout_correction_and_add_to_batch,
     compute_rollout_correction_and_rejection_mask,
     rollout_correction_phase,
 )
 from rlflow.algos.rollout_correction.rejection import (
-    ROLLOUT_RS_REGISTRY,
+    ROLLOUT_RS_DIVERGENCE_REGISTRY,
+    ROLLOUT_RS_REDUCTION_REGISTRY,
     RejectionRule,
     compute_rollout_rejection_mask,
-    register_rollout_rs_option,
+    rejection_rule,
+    rollout_rs_options,
 )
 from rlflow.algos.rollout_correction.settings import correction_settings, corrects, needs_rollout_log_probs
 from rlflow.algos.rollout_correction.weights import (
     ROLLOUT_IS_LEVEL_REGISTRY,
     compute_rollout_correction_weights,
-    register_rollout_is_level,
 )
 
 __all__ = [
     "BYPASS_LOSS_MODE",
     "BYPASS_LOSS_TYPE_REGISTRY",
-    "ROLLOUT_CORRECTION_META_KEY",
     "ROLLOUT_IS_LEVEL_REGISTRY",
-    "ROLLOUT_RS_REGISTRY",
+    "ROLLOUT_RS_DIVERGENCE_REGISTRY",
+    "ROLLOUT_RS_REDUCTION_REGISTRY",
     "RejectionRule",
     "apply_bypass_mode",
     "check_rollout_correction",
@@ -59,7 +59,7 @@ __all__ = [
     "correction_settings",
     "corrects",
     "needs_rollout_log_probs",
-    "register_rollout_is_level",
-    "register_rollout_rs_option",
+    "rejection_rule",
+    "rollout_rs_options",
     "rollout_correction_phase",
 ]

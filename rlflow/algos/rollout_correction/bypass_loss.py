@@ -23,7 +23,7 @@ import torch
 from rlflow.algos.aggregation import agg_loss
 from rlflow.algos.config_view import aggregation_kwargs, policy_loss_value
 from rlflow.algos.masked_ops import masked_mean
-from rlflow.algos.policy_losses import compute_policy_loss_vanilla, register_policy_loss
+from rlflow.algos.policy_losses import POLICY_LOSS_REGISTRY, compute_policy_loss_vanilla
 from rlflow.algos.rollout_correction.pipeline import compute_rollout_correction_and_rejection_mask
 from rlflow.algos.rollout_correction.settings import correction_settings
 from rlflow.config.validation import ConfigError
@@ -66,7 +66,7 @@ def _ppo_clip(rollout_log_prob, log_prob, advantages, response_mask, loss_agg_mo
     return compute_policy_loss_vanilla(rollout_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
 
 
-@register_policy_loss(BYPASS_LOSS_MODE)
+@POLICY_LOSS_REGISTRY.register(BYPASS_LOSS_MODE)
 def compute_policy_loss_bypass_mode(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from rlflow.algos.policy_losses import get_policy_loss_fn
 from rlflow.algos.rollout_correction.bypass_loss import BYPASS_LOSS_MODE, BYPASS_LOSS_TYPE_REGISTRY
-from rlflow.algos.rollout_correction.rejection import ROLLOUT_RS_REGISTRY
+from rlflow.algos.rollout_correction.rejection import rejection_rule
 from rlflow.algos.rollout_correction.settings import correction_settings, needs_rollout_log_probs
 from rlflow.algos.rollout_correction.thresholds import parse_is_threshold, parse_rejection_thresholds, split_options
 from rlflow.algos.rollout_correction.weights import ROLLOUT_IS_LEVEL_REGISTRY
@@ -49,7 +49,7 @@ def check_rollout_correction(config: Any) -> None:
         _key_error("rollout_is_threshold", lambda: parse_is_threshold(settings.rollout_is_threshold))
     if settings.rollout_rs is not None:
         options = _key_error("rollout_rs", lambda: split_options(settings.rollout_rs))
-        two_sided = {option: ROLLOUT_RS_REGISTRY.get(option).two_sided for option in options}
+        two_sided = {option: rejection_rule(option).two_sided for option in options}
         _key_error("rollout_rs_threshold", lambda: parse_rejection_thresholds(two_sided, settings.rollout_rs_threshold))
     BYPASS_LOSS_TYPE_REGISTRY.get(settings.loss_type)
     if needs_rollout_log_probs(settings) and not config.rollout.calculate_log_probs:

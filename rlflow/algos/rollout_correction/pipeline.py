@@ -7,8 +7,8 @@ Two modes, as in verl:
   set) and the rejection-masked ``response_mask`` into the batch, and returns ``rollout_corr/*``;
   the policy loss multiplies its per-token losses by the weights.
 * **bypass** (``bypass_mode: true``, two policies): there is no old-log-prob pass; the rollout's
-  log-probs become ``old_log_probs`` and the settings travel to the actor in
-  ``meta_info[ROLLOUT_CORRECTION_META_KEY]``, where the ``bypass_mode`` policy loss computes weights,
+  log-probs become ``old_log_probs`` and the settings travel to the actor in the
+  ``ROLLOUT_CORRECTION`` meta_info key (``rlflow.meta_info``), where the ``bypass_mode`` policy loss computes weights,
   rejection and metrics per micro-batch from the *current* policy against the rollout's.
 """
 
@@ -24,10 +24,10 @@ from rlflow.algos.rollout_correction.rejection import compute_rollout_rejection_
 from rlflow.algos.rollout_correction.settings import correction_settings, needs_rollout_log_probs
 from rlflow.algos.rollout_correction.summaries import require_tokens
 from rlflow.algos.rollout_correction.weights import compute_rollout_correction_weights
+from rlflow.meta_info import ROLLOUT_CORRECTION
 from rlflow.protocol import DataProto
 
 METRIC_PREFIX = "rollout_corr/"
-ROLLOUT_CORRECTION_META_KEY = "rollout_correction"  # meta_info: the bypass-mode settings, for the actor's loss
 PHASE_INPUTS = ("old_log_probs", "rollout_log_probs", "response_mask")
 
 
@@ -89,11 +89,11 @@ def compute_rollout_correction_and_add_to_batch(batch: DataProto, rollout_corr_c
 
 def apply_bypass_mode(batch: DataProto, rollout_corr_config: Any) -> None:
     """The bypass mode's set-up: the rollout's log-probs serve as ``old_log_probs`` and the settings go in
-    ``meta_info[ROLLOUT_CORRECTION_META_KEY]`` (the actor's loss then runs the ``bypass_mode`` policy loss)."""
+    ``ROLLOUT_CORRECTION`` in ``meta_info`` (the actor's loss then runs the ``bypass_mode`` policy loss)."""
     if "rollout_log_probs" not in batch.batch:
         raise ValueError("bypass_mode needs rollout_log_probs in the batch: set rollout.calculate_log_probs=true")
     batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
-    batch.meta_info[ROLLOUT_CORRECTION_META_KEY] = asdict(correction_settings(rollout_corr_config))
+    batch.meta_info[ROLLOUT_CORRECTION.name] = asdict(correction_settings(rollout_corr_config))
 
 
 def rollout_correction_phase(batch: DataProto, rollout_corr_config: Any) -> dict[str, float]:

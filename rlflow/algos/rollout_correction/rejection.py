@@ -1,18 +1,20 @@
 """Rejection sampling (``algorithm.rollout_correction.rollout_rs``): drop tokens or whole sequences whose
 divergence between the old policy and the rollout policy is out of bounds.
 
-With ``d = log pi_old - log pi_rollout`` (clamped to [-20, 20]) the per-token divergences are
-``k1 = -d``, ``k2 = d^2 / 2`` and ``k3 = exp(d) - 1 - d``. An option (``ROLLOUT_RS_REGISTRY``) is
-one of them read per token (``token_k*``) or reduced per sequence (``seq_sum_k*``, ``seq_mean_k*``,
-``seq_max_k2/k3``); a sequence option keeps or rejects every token of a row together. ``k1``
-options are two-sided: their bounds are on the ratio ``exp(k1) = pi_rollout / pi_old``. Several
-options, comma-joined, must all pass.
+With ``d = log pi_old - log pi_rollout`` (clamped to [-20, 20]) the per-token divergences
+(``ROLLOUT_RS_DIVERGENCE_REGISTRY``) are ``k1 = -d``, ``k2 = d^2 / 2`` and ``k3 = exp(d) - 1 - d``. An
+option is named ``<reduction>_<divergence>``: the divergence read per token (``token_k*``) or reduced per
+sequence (``ROLLOUT_RS_REDUCTION_REGISTRY``: ``seq_sum_k*``, ``seq_mean_k*``, ``seq_max_k2/k3``); a
+sequence option keeps or rejects every token of a row together. ``k1`` is signed, so its options are
+two-sided (bounds on the ratio ``exp(k1) = pi_rollout / pi_old``) and the max, which needs a
+non-negative divergence, does not take it: verl's eleven options. Several options, comma-joined,
+must all pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
@@ -29,73 +31,88 @@ from rlflow.algos.rollout_correction.summaries import (
 )
 from rlflow.algos.rollout_correction.thresholds import RejectionBounds, parse_rejection_thresholds, split_options
 from rlflow.config.validation import ConfigError
-from rlflow.utils.registry import Registry
+from rlflow.utils.registry import Registry, unknown_name_message
 
-TokenStatistic = Callable[[torch.Tensor], torch.Tensor]  # clamped log-ratio [B, T] -> per-token divergence
-SequenceReduction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (per-token, mask) -> per-sequence [B]
+RS_CONFIG_KEY = "algorithm.rollout_correction.rollout_rs"
+TokenStatistic = Callable[[torch.Tensor], torch.Tensor]  # clamped log-ratio [B, T] -> per-token divergence [B, T]
+# (per-token divergence [B, T], mask [B, T]) -> per-token [B, T] (``per_sequence=False``) or per-sequence [B]
+Reduction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-
-@dataclass(frozen=True)
-class RejectionRule:
-    """One ``rollout_rs`` option: a per-token divergence, optionally reduced per sequence (None: judged per
-    token), and whether its threshold bounds it from both sides (ratio bounds) or from above."""
-
-    statistic: TokenStatistic
-    reduction: Optional[SequenceReduction]
-    two_sided: bool
-
-
-ROLLOUT_RS_REGISTRY: Registry[RejectionRule] = Registry(
-    "rollout rejection option", "algorithm.rollout_correction.rollout_rs", error=ConfigError
-)
+# metadata: ``two_sided`` (a signed divergence: its threshold bounds the ratio from both sides)
+ROLLOUT_RS_DIVERGENCE_REGISTRY: Registry[TokenStatistic] = Registry(
+    "rollout rejection divergence", RS_CONFIG_KEY, error=ConfigError)
+# metadata: ``per_sequence`` (one verdict per row), ``takes_two_sided`` (accepts a signed divergence)
+ROLLOUT_RS_REDUCTION_REGISTRY: Registry[Reduction] = Registry(
+    "rollout rejection reduction", RS_CONFIG_KEY, error=ConfigError)
 
 
-def register_rollout_rs_option(name: str, rule: RejectionRule, override: bool = False) -> RejectionRule:
-    """Make ``rule`` available as the ``rollout_rs`` option ``name``."""
-    return ROLLOUT_RS_REGISTRY.add(name, rule, override=override)
-
-
+@ROLLOUT_RS_DIVERGENCE_REGISTRY.register("k1", two_sided=True)
 def _k1(log_ratio: torch.Tensor) -> torch.Tensor:
     return -log_ratio
 
 
+@ROLLOUT_RS_DIVERGENCE_REGISTRY.register("k2", two_sided=False)
 def _k2(log_ratio: torch.Tensor) -> torch.Tensor:
     return 0.5 * log_ratio.square()
 
 
+@ROLLOUT_RS_DIVERGENCE_REGISTRY.register("k3", two_sided=False)
 def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - 1.0 - log_ratio
 
 
+@ROLLOUT_RS_REDUCTION_REGISTRY.register("token", per_sequence=False, takes_two_sided=True)
+def _per_token(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return values
+
+
+@ROLLOUT_RS_REDUCTION_REGISTRY.register("seq_sum", per_sequence=True, takes_two_sided=True)
+def _sequence_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return masked_sum(values, mask, dim=-1)
+
+
+@ROLLOUT_RS_REDUCTION_REGISTRY.register("seq_mean", per_sequence=True, takes_two_sided=True)
+def _sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return masked_mean(values, mask, dim=-1)
+
+
+@ROLLOUT_RS_REDUCTION_REGISTRY.register("seq_max", per_sequence=True, takes_two_sided=False)
 def _sequence_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     selected = values.masked_fill(~mask.bool(), float("-inf")).max(dim=-1).values
     return torch.where(torch.isinf(selected), torch.zeros_like(selected), selected)
 
 
-def _sequence_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return masked_sum(values, mask, dim=-1)
+@dataclass(frozen=True)
+class RejectionRule:
+    """One ``rollout_rs`` option: its per-token divergence, its reduction, whether that judges whole rows,
+    and whether its threshold bounds it from both sides (ratio bounds) or from above."""
+
+    statistic: TokenStatistic
+    reduction: Reduction
+    per_sequence: bool
+    two_sided: bool
 
 
-def _sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return masked_mean(values, mask, dim=-1)
+def _combines(reduction: str, divergence: str) -> bool:
+    return (ROLLOUT_RS_REDUCTION_REGISTRY.metadata(reduction)["takes_two_sided"]
+            or not ROLLOUT_RS_DIVERGENCE_REGISTRY.metadata(divergence)["two_sided"])
 
 
-_DIVERGENCES = {"k1": _k1, "k2": _k2, "k3": _k3}
-_REDUCTIONS: dict[str, Optional[SequenceReduction]] = {
-    "token": None, "seq_sum": _sequence_sum, "seq_mean": _sequence_mean, "seq_max": _sequence_max,
-}
+def rollout_rs_options() -> list[str]:
+    """Every ``rollout_rs`` option the two registries make: ``<reduction>_<divergence>``, sorted."""
+    return sorted(f"{reduction}_{divergence}" for reduction in ROLLOUT_RS_REDUCTION_REGISTRY.names()
+                  for divergence in ROLLOUT_RS_DIVERGENCE_REGISTRY.names() if _combines(reduction, divergence))
 
 
-def _register_verl_options() -> None:
-    """verl's eleven options: every reduction of every divergence but the max of the signed ``k1``."""
-    for reduction_name, reduction in _REDUCTIONS.items():
-        for divergence_name, divergence in _DIVERGENCES.items():
-            if (reduction_name, divergence_name) != ("seq_max", "k1"):
-                rule = RejectionRule(divergence, reduction, two_sided=divergence_name == "k1")
-                register_rollout_rs_option(f"{reduction_name}_{divergence_name}", rule)
-
-
-_register_verl_options()
+def rejection_rule(option: str) -> RejectionRule:
+    """The rule of one ``rollout_rs`` option; an unknown one is a ``ConfigError`` listing the options."""
+    reduction, _, divergence = option.rpartition("_")
+    if not (reduction in ROLLOUT_RS_REDUCTION_REGISTRY and divergence in ROLLOUT_RS_DIVERGENCE_REGISTRY
+            and _combines(reduction, divergence)):
+        raise ConfigError(unknown_name_message("rollout rejection option", option, rollout_rs_options(), RS_CONFIG_KEY))
+    return RejectionRule(ROLLOUT_RS_DIVERGENCE_REGISTRY.get(divergence), ROLLOUT_RS_REDUCTION_REGISTRY.get(reduction),
+                         per_sequence=ROLLOUT_RS_REDUCTION_REGISTRY.metadata(reduction)["per_sequence"],
+                         two_sided=ROLLOUT_RS_DIVERGENCE_REGISTRY.metadata(divergence)["two_sided"])
 
 
 def _inside(values: torch.Tensor, bounds: RejectionBounds) -> torch.Tensor:
@@ -149,7 +166,7 @@ def compute_rollout_rejection_mask(
     spec per option or one shared spec (``thresholds.parse_rejection_thresholds``).
     """
     options = split_options(rollout_rs)
-    rules = {option: ROLLOUT_RS_REGISTRY.get(option) for option in options}
+    rules = {option: rejection_rule(option) for option in options}
     bounds = parse_rejection_thresholds({option: rule.two_sided for option, rule in rules.items()}, rollout_rs_threshold)
     if log_ratio.shape[0] == 0:
         return response_mask, {}
@@ -160,17 +177,15 @@ def compute_rollout_rejection_mask(
     keep_all = torch.ones_like(valid)
     metrics: dict[str, float] = {}
     for option, rule in rules.items():
-        token_values = rule.statistic(clamped)
-        if rule.reduction is None:
-            per_token, per_sequence = token_values, row_means(token_values, mask)
-            keep = _inside(token_values, bounds[option])
+        judged = rule.reduction(rule.statistic(clamped), mask)
+        keep = _inside(judged, bounds[option])
+        if rule.per_sequence:
+            per_token, per_sequence = judged.unsqueeze(-1).expand_as(valid), judged[valid.any(dim=-1)]
+            keep = keep.unsqueeze(-1).expand_as(valid)
         else:
-            sequence_values = rule.reduction(token_values, mask)
-            per_token = sequence_values.unsqueeze(-1).expand_as(token_values)
-            per_sequence = sequence_values[valid.any(dim=-1)]
-            keep = _inside(sequence_values, bounds[option]).unsqueeze(-1).expand_as(valid)
+            per_token, per_sequence = judged, row_means(judged, mask)
         metrics.update(compute_rs_metrics(option, per_token, per_sequence, keep, mask, bounds[option],
-                                          sequence_level=rule.reduction is not None))
+                                          sequence_level=rule.per_sequence))
         keep_all = keep_all & keep
     rejected = ~keep_all & valid
     metrics["rollout_rs_masked_fraction"] = scalar(masked_mean(rejected.to(mask.dtype), mask))

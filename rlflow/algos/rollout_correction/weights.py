@@ -35,18 +35,17 @@ ISLevelFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Ten
 ROLLOUT_IS_LEVEL_REGISTRY: Registry[ISLevelFn] = Registry(
     "rollout IS level", "algorithm.rollout_correction.rollout_is", error=ConfigError
 )
-register_rollout_is_level = ROLLOUT_IS_LEVEL_REGISTRY.register
 BATCH_NORM_MIN_MEAN = 1e-8  # a smaller batch mean leaves the weights unnormalized
 ESS_EPS = 1e-8
 
 
-@register_rollout_is_level("token")
+@ROLLOUT_IS_LEVEL_REGISTRY.register("token")
 def token_level(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One weight per token: ``pi_old(y_t) / pi_rollout(y_t)`` (biased, low variance)."""
     return log_ratio, response_mask.bool()
 
 
-@register_rollout_is_level("sequence")
+@ROLLOUT_IS_LEVEL_REGISTRY.register("sequence")
 def sequence_level(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One weight per sequence: the product of its token ratios (unbiased, high variance)."""
     return masked_sum(log_ratio, response_mask, dim=-1).unsqueeze(-1), response_mask.bool().any(dim=-1, keepdim=True)

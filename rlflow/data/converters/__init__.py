@@ -5,7 +5,7 @@
 """
 
 from rlflow.data.converters import gsm8k, hendrycks_math  # noqa: F401  (registers the converters)
-from rlflow.data.converters.base import CONVERTER_REGISTRY, ConvertedRow, DatasetConverter, register_converter
+from rlflow.data.converters.base import CONVERTER_REGISTRY, ConvertedRow, DatasetConverter
 from rlflow.data.converters.sources import SPLIT_WORDS, convert_sources, split_files
 
 __all__ = [
@@ -14,6 +14,5 @@ __all__ = [
     "DatasetConverter",
     "SPLIT_WORDS",
     "convert_sources",
-    "register_converter",
     "split_files",
 ]

@@ -1,6 +1,7 @@
 """The converter interface: one row of a public dataset's files -> one verl-format RL row.
 
-A converter is a class registered with ``@register_converter("name")``; ``rlflow-data name``
+A converter is a class registered with ``@CONVERTER_REGISTRY.register("name")`` (which sets its
+``name``); ``rlflow-data name``
 runs it. It names the reward ``data_source`` its rows carry and reads the question and the
 ground truth out of a source row (raising ``DataError`` naming the row and field when it can't).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from rlflow.utils.registry import Registry
 
@@ -48,10 +49,4 @@ class DatasetConverter(ABC):
 
 
 CONVERTER_REGISTRY: Registry[type[DatasetConverter]] = Registry("dataset converter", "rlflow-data COMMAND",
-                                                                 base=DatasetConverter)
-_ConverterT = TypeVar("_ConverterT", bound=type[DatasetConverter])
-
-
-def register_converter(name: str) -> Callable[[_ConverterT], _ConverterT]:
-    """Class decorator adding a converter to ``CONVERTER_REGISTRY`` under ``name`` (and setting its ``name``)."""
-    return CONVERTER_REGISTRY.register_named(name)
+                                                                 base=DatasetConverter, name_attribute="name")

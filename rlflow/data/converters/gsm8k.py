@@ -6,14 +6,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rlflow.data.converters.base import ConvertedRow, DatasetConverter, register_converter
+from rlflow.data.converters.base import CONVERTER_REGISTRY, ConvertedRow, DatasetConverter
 from rlflow.data.rows import check_string, row_error
 from rlflow.data.tasks.answer import ANSWER_MARKER
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-@register_converter("gsm8k")
+@CONVERTER_REGISTRY.register("gsm8k")
 class GSM8KConverter(DatasetConverter):
     """GSM8K word problems; the ground truth is the number after the answer's last ``####``."""
 

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from rlflow.data.boxed import last_boxed
-from rlflow.data.converters.base import ConvertedRow, DatasetConverter, register_converter
+from rlflow.data.converters.base import CONVERTER_REGISTRY, ConvertedRow, DatasetConverter
 from rlflow.data.rows import check_string, describe, row_error
 
 
-@register_converter("math")
+@CONVERTER_REGISTRY.register("math")
 class MATHConverter(DatasetConverter):
     r"""MATH competition problems; the ground truth is the solution's last ``\boxed{...}``."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from rlflow.data.converters.base import DatasetConverter
-from rlflow.data.files import READERS, read_rows, write_parquet
+from rlflow.data.files import DATA_FORMAT_REGISTRY, read_rows, write_parquet
 from rlflow.errors import DataError
 
 SPLIT_WORDS = ("train", "test", "validation", "val")
@@ -26,14 +26,14 @@ def _words(parts: tuple[str, ...]) -> list[str]:
 def _files_of(source: Path) -> list[tuple[Path, list[str]]]:
     """The dataset files of one source, each with the words that may name its split."""
     if source.is_file():
-        if source.suffix not in READERS:
-            raise DataError(f"--src {source}: unsupported format {source.suffix!r}; use one of {sorted(READERS)}")
+        if source.suffix not in DATA_FORMAT_REGISTRY:
+            raise DataError(f"--src {source}: {DATA_FORMAT_REGISTRY.unknown_message(source.suffix)}")
         return [(source, _words((source.stem,)))]
     if not source.is_dir():
         raise DataError(f"--src {source} does not exist; pass a local copy of the dataset files (a file or a folder)")
-    found = sorted(p for p in source.rglob("*") if p.suffix in READERS and p.is_file())
+    found = sorted(p for p in source.rglob("*") if p.suffix in DATA_FORMAT_REGISTRY and p.is_file())
     if not found:
-        raise DataError(f"--src {source} holds no {'/'.join(READERS)} files")
+        raise DataError(f"--src {source} holds no {'/'.join(DATA_FORMAT_REGISTRY)} files")
     return [(path, _words(path.relative_to(source).with_suffix("").parts)) for path in found]
 
 

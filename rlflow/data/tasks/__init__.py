@@ -14,7 +14,6 @@ from rlflow.data.tasks.base import (
     TaskExample,
     build_task,
     get_task_cls,
-    register_task,
     score,
     task_option_names,
 )
@@ -33,7 +32,6 @@ __all__ = [
     "extract_final_answer",
     "generate_splits",
     "get_task_cls",
-    "register_task",
     "rl_row",
     "score",
     "score_final_answer",

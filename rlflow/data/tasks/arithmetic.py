@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 
 from rlflow.data.tasks.answer import ANSWER_MARKER
-from rlflow.data.tasks.base import SyntheticTask, TaskExample, register_task
+from rlflow.data.tasks.base import TASK_REGISTRY, SyntheticTask, TaskExample
 
 
 def arithmetic_prompt(expression: str) -> str:
@@ -30,7 +30,7 @@ def _check_positive(task: str, **values: int) -> None:
             raise ValueError(f"synthetic task {task!r}: option {key} must be a positive integer, got {value!r}")
 
 
-@register_task("addition")
+@TASK_REGISTRY.register("addition")
 @dataclass(frozen=True)
 class AdditionTask(SyntheticTask):
     """a+b with both operands drawn uniformly from [0, 10**digits)."""
@@ -51,7 +51,7 @@ class AdditionTask(SyntheticTask):
         )
 
 
-@register_task("chain_arith")
+@TASK_REGISTRY.register("chain_arith")
 @dataclass(frozen=True)
 class ChainArithTask(SyntheticTask):
     """A chain of ``num_ops`` additions/subtractions on numbers below 10**digits, evaluated left to right.

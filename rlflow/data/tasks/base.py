@@ -1,7 +1,8 @@
 """The synthetic-task interface and its registry.
 
 A task is a small dataclass whose fields are its options (e.g. ``digits``); ``sample(rng)``
-draws one problem. Tasks are registered by name with ``@register_task("name")`` and built
+draws one problem. Tasks are registered by name with ``@TASK_REGISTRY.register("name")`` (which sets the
+class's ``name``) and built
 with ``build_task(name, **options)``. Each task's rows carry ``data_source = "synthetic/<name>"``,
 which is how the reward registry finds the task's ``score`` function.
 """
@@ -12,7 +13,7 @@ import dataclasses
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from rlflow.data.tasks.answer import score_final_answer
 from rlflow.utils.registry import Registry
@@ -54,13 +55,7 @@ class SyntheticTask(ABC):
         return score_final_answer(solution_str, ground_truth)
 
 
-TASK_REGISTRY: Registry[type[SyntheticTask]] = Registry("synthetic task", base=SyntheticTask)
-_TaskT = TypeVar("_TaskT", bound=type[SyntheticTask])
-
-
-def register_task(name: str) -> Callable[[_TaskT], _TaskT]:
-    """Class decorator adding a task to ``TASK_REGISTRY`` under ``name`` (and setting its ``name``)."""
-    return TASK_REGISTRY.register_named(name)
+TASK_REGISTRY: Registry[type[SyntheticTask]] = Registry("synthetic task", base=SyntheticTask, name_attribute="name")
 
 
 def get_task_cls(name: str) -> type[SyntheticTask]:

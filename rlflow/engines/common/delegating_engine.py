@@ -1,22 +1,25 @@
 """``DelegatingEngine``: the ``BaseEngine`` methods that only hand the call on, shared by every built-in engine.
 
 An engine built from the shared parts holds its model as ``self.module`` (None until ``initialize``),
-its optimizer step as ``self.stepper`` (``OptimizerStepper``) and its placement as ``self.offloader``
-(``HostOffload``); ``zero_grad``, the train/eval modes and ``offload`` / ``onload`` are then the same
-few lines whatever the parallelism (``ModuleEngine``: FSDP, FSDP2, torchtitan; the megatron engine).
+its optimizer step as ``self.stepper`` (``optim.optimizer_step.OptimizerStepper``) and its placement as
+``self.offloader`` (``optim.offload.HostOffload``); ``zero_grad``, the train/eval modes and ``offload`` /
+``onload`` are then the same few lines whatever the parallelism. ``ModuleEngine`` (fsdp, fsdp2,
+torchtitan) builds on it, and so does an engine that is not one sharded module (megatron: tensor and
+pipeline parallel, its own schedule), which writes the rest of the contract itself.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from typing import Any, Optional
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Iterator, Optional, Sequence
+
+from torch import nn
 
 from rlflow.engines.base import BaseEngine
-from rlflow.engines.common.modes import module_mode
-from rlflow.engines.common.offload import HostOffload
-from rlflow.engines.common.optimizer_step import OptimizerStepper
+from rlflow.engines.common.optim.offload import HostOffload
+from rlflow.engines.common.optim.optimizer_step import OptimizerStepper
 
-__all__ = ["DelegatingEngine"]
+__all__ = ["DelegatingEngine", "module_mode"]
 
 
 class DelegatingEngine(BaseEngine):
@@ -49,3 +52,16 @@ class DelegatingEngine(BaseEngine):
     def onload(self) -> None:
         self._require_initialized()
         self.offloader.onload()
+
+
+@contextmanager
+def module_mode(modules: Sequence[nn.Module], training: bool) -> Iterator[None]:
+    """Inside: every module in ``training`` mode; after: each one's mode as before (``train_mode`` / ``eval_mode``)."""
+    previous = [module.training for module in modules]
+    for module in modules:
+        module.train(training)
+    try:
+        yield
+    finally:
+        for module, mode in zip(modules, previous):
+            module.train(mode)

@@ -1,11 +1,11 @@
-"""``ModuleEngine``: the engine body shared by data-parallel engines that shard one torch module.
+"""``ModuleEngine``: the engine body shared by data-parallel engines that shard (or replicate) one torch module.
 
-It is a composition of the shared helpers (``delegating_engine``: modes, zero_grad, offload; ``hf_module``: loading, micro-batch forward
-and HF names; ``forward_backward``: the micro-batch loop; ``optimizer_step``;
-``offload``; ``checkpointing``; ``hf_export``) around the hooks at the bottom of the
-class, which are all a sharding engine (FSDP, FSDP2, ...) implements. The model hooks
-default to the HF module (fsdp, fsdp2); an engine built on another model implementation
-(torchtitan) overrides how the forward module is loaded and how its names map to HF.
+It composes the rooms of ``rlflow.engines.common`` around the hooks at the bottom of the class, which
+are all such an engine (FSDP, FSDP2, torchtitan, DDP) implements: ``DelegatingEngine`` (modes,
+zero_grad, offload), ``forward/`` (loading the forward module, the micro-batch loop, HF names, LoRA),
+``optim/`` (AdamW, the optimizer step, host offload) and ``checkpoint/`` (DCP checkpoints, HF and peft
+exports). The model hooks default to the HF module (fsdp, fsdp2, DDP); an engine built on another model
+implementation (torchtitan) overrides how the forward module is loaded and how its names map to HF.
 """
 
 from __future__ import annotations
@@ -21,24 +21,24 @@ import torch.distributed as dist
 from torch import nn
 
 from rlflow.engines.base import Capability, EngineMesh, LossFn
-from rlflow.engines.common.checkpointing import (
+from rlflow.engines.common.checkpoint.checkpointing import (
     EngineCheckpointer,
     load_module_state,
     save_model_files,
     save_module_state,
     setup_meta,
 )
+from rlflow.engines.common.checkpoint.hf_export import save_hf_from_export, write_from_export, write_peft_adapter_folder
+from rlflow.engines.common.checkpoint.lora_export import adapter_tensors, merged_lora_tensors
 from rlflow.engines.common.delegating_engine import DelegatingEngine
 from rlflow.engines.common.distributed import join_process_group
-from rlflow.engines.common.forward_backward import run_forward_backward
-from rlflow.engines.common.hf_export import save_hf_from_export, write_from_export, write_peft_adapter_folder
-from rlflow.engines.common.hf_module import forward_micro_batch, hf_named_tensors, load_forward_module
-from rlflow.engines.common.lora import ADAPTER_CONFIG_FILE, LoraAdapters, adapters_disabled, is_adapter_param
-from rlflow.engines.common.lora_export import adapter_tensors, merged_lora_tensors
-from rlflow.engines.common.models import ForwardModule, get_model_kind
-from rlflow.engines.common.offload import HostOffload
-from rlflow.engines.common.optimizer_step import OptimizerStepper
-from rlflow.engines.common.optimizers import build_adamw, move_optimizer_state, no_decay_names
+from rlflow.engines.common.forward.forward_backward import run_forward_backward
+from rlflow.engines.common.forward.hf_module import forward_micro_batch, hf_named_tensors, load_forward_module
+from rlflow.engines.common.forward.lora import ADAPTER_CONFIG_FILE, LoraAdapters, adapters_disabled, is_adapter_param
+from rlflow.engines.common.forward.models import ForwardModule, get_model_kind
+from rlflow.engines.common.optim.offload import HostOffload
+from rlflow.engines.common.optim.optimizer_step import OptimizerStepper
+from rlflow.engines.common.optim.optimizers import build_adamw, move_optimizer_state, no_decay_names
 from rlflow.engines.config import EngineConfig, EngineConfigError, HFModuleEngineConfig, StepHyperparams
 from rlflow.protocol import DataProto
 
@@ -75,6 +75,7 @@ class ModuleEngine(DelegatingEngine):
         no_decay = no_decay_names(forward_module)
         self.hidden_size = forward_module.hidden_size
         self.attn_implementation = forward_module.attn_implementation
+        self.forward_module = forward_module  # unwrapped: the same object as module under FSDP2, inside it otherwise
         self.module = self._parallelize(forward_module)
         self.module.train()
         self.optimizer = build_adamw(self.module.named_parameters(), no_decay, cfg.optimizer)
@@ -129,7 +130,7 @@ class ModuleEngine(DelegatingEngine):
 
     def save_hf(self, path: str | Path) -> None:
         self._require_initialized()
-        config = self.kind.export_config(self.module)
+        config = self.kind.export_config(self.forward_module)
         save_hf_from_export(path, self.export_hf_weights(), self.model_path, config, self.group)
 
     # ------------------------------------------------------------------ LoRA

@@ -26,7 +26,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from transformers import PretrainedConfig
 
-from rlflow.engines.common.hf_config import head_dim, rope_parameters
+from rlflow.engines.common.forward.hf_config import head_dim, rope_parameters
 from rlflow.engines.config import EngineConfigError
 from rlflow.engines.megatron.attention import MaskedSDPAttention
 from rlflow.utils.registry import Registry

@@ -40,15 +40,15 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from transformers import AutoConfig
 
 from rlflow.engines.base import Capability, EngineMesh, LossFn
-from rlflow.engines.common.checkpointing import MODEL_OPTIM_DIR, EngineCheckpointer, save_model_files, setup_meta
+from rlflow.engines.common.batching.packing import TokenStream, make_token_stream
+from rlflow.engines.common.checkpoint.checkpointing import MODEL_OPTIM_DIR, EngineCheckpointer, save_model_files, setup_meta
+from rlflow.engines.common.checkpoint.hf_export import save_hf_from_export
 from rlflow.engines.common.delegating_engine import DelegatingEngine
 from rlflow.engines.common.distributed import join_process_group
-from rlflow.engines.common.hf_export import save_hf_from_export
-from rlflow.engines.common.models import get_model_kind
-from rlflow.engines.common.offload import HOST, HostOffload
-from rlflow.engines.common.optimizer_step import OptimizerStepper, clip_to_norm
-from rlflow.engines.common.optimizers import build_adamw, move_optimizer_state
-from rlflow.engines.common.packing import TokenStream, make_token_stream
+from rlflow.engines.common.forward.models import get_model_kind
+from rlflow.engines.common.optim.offload import HOST, HostOffload
+from rlflow.engines.common.optim.optimizer_step import OptimizerStepper, clip_to_norm
+from rlflow.engines.common.optim.optimizers import build_adamw, move_optimizer_state
 from rlflow.engines.config import EngineConfig, EngineConfigError, StepHyperparams
 from rlflow.engines.megatron.architecture import ModelLayout, transformer_config
 from rlflow.engines.megatron.cpu_compat import cpu_megatron, cpu_rng_tracker

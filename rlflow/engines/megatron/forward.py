@@ -26,9 +26,9 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region
 from torch import nn
 
-from rlflow.engines.common.logprob import chunked_log_probs
-from rlflow.engines.common.models import place_targets
-from rlflow.engines.common.packing import TokenStream, document_causal_mask
+from rlflow.engines.common.batching.packing import TokenStream, document_causal_mask
+from rlflow.engines.common.forward.logprob import chunked_log_probs
+from rlflow.engines.common.forward.models import place_targets
 
 __all__ = ["StageForward", "attention_mask", "per_token_rotary", "vocab_parallel_log_probs"]
 

@@ -23,7 +23,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
 from transformers import PretrainedConfig
 
-from rlflow.engines.common.hf_config import head_dim
+from rlflow.engines.common.forward.hf_config import head_dim
 from rlflow.engines.megatron.architecture import ModelLayout, gpt_model_kwargs, layer_spec, padded_vocab_size
 from rlflow.engines.megatron.forward import StageForward
 from rlflow.engines.megatron.parallel import ParallelRanks

@@ -31,12 +31,13 @@ from megatron.core.distributed import DistributedDataParallel as MegatronDDP
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from rlflow.engines.base import LossFn
-from rlflow.engines.common.forward_backward import MicroBatchMetrics, check_batch
-from rlflow.engines.common.loss_scaling import GlobalCounts, global_counts, global_loss
-from rlflow.engines.common.micro_batching import MicroBatchPlan, plan_micro_batches
-from rlflow.engines.common.packing import TokenStream
+from rlflow.engines.common.batching.micro_batching import MicroBatchPlan, plan_micro_batches
+from rlflow.engines.common.batching.packing import TokenStream
+from rlflow.engines.common.forward.forward_backward import MicroBatchMetrics, check_batch
+from rlflow.engines.common.forward.loss_scaling import GlobalCounts, global_counts, global_loss
 from rlflow.engines.config import EngineConfig
 from rlflow.engines.megatron.parallel import ParallelRanks
+from rlflow.meta_info import COMPUTE_ENTROPY, TEMPERATURE
 from rlflow.protocol import DataProto
 
 __all__ = ["run_schedule"]
@@ -95,8 +96,8 @@ def run_schedule(
         micro = batch[rows]
         stream = stream_layout(micro).to(device)
         micro_batches.append(_MicroBatch(index, micro.to(device), stream))
-    temperature = float(batch.meta_info.get("temperature", 1.0))
-    compute_entropy = bool(batch.meta_info.get("compute_entropy", False))
+    temperature = TEMPERATURE.read(batch.meta_info)
+    compute_entropy = COMPUTE_ENTROPY.read(batch.meta_info)
     record = _LastStageRecord()
 
     def forward_step(data_iterator, stage_model):

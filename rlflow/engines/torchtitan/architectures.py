@@ -41,7 +41,7 @@ from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.module import Module
 from transformers import PretrainedConfig
 
-from rlflow.engines.common.hf_config import head_dim, rope_parameters
+from rlflow.engines.common.forward.hf_config import head_dim, rope_parameters
 from rlflow.engines.config import EngineConfigError
 from rlflow.utils.registry import Registry
 

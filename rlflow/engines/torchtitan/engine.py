@@ -24,12 +24,11 @@ What rlflow keeps and torchtitan's trainer would otherwise own (``docs/engines.m
 from __future__ import annotations
 
 import tempfile
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -43,11 +42,10 @@ from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 from transformers import AutoConfig
 
 from rlflow.engines.base import Capability, EngineMesh
-from rlflow.engines.common.fully_shard import clip_grad_norm, iter_full_tensors, unsynced_grads
-from rlflow.engines.common.models import FORWARD_PREFIX, ForwardModule
-from rlflow.engines.common.module_engine import ModuleEngine
-from rlflow.engines.common.optimizers import clean_param_name
-from rlflow.engines.common.packing import document_causal_mask
+from rlflow.engines.common.batching.packing import document_causal_mask
+from rlflow.engines.common.forward.models import FORWARD_PREFIX, ForwardModule
+from rlflow.engines.common.fsdp.fully_shard import FullyShardEngine
+from rlflow.engines.common.optim.optimizers import clean_param_name
 from rlflow.engines.config import EngineConfig, EngineConfigError
 from rlflow.engines.registry import EngineRegistry
 from rlflow.engines.torchtitan.architectures import AttentionConfig, TitanArchitecture, titan_architecture
@@ -86,7 +84,7 @@ class TorchtitanEngineConfig(EngineConfig):
 
 
 @EngineRegistry.register("torchtitan")
-class TorchtitanEngine(ModuleEngine):
+class TorchtitanEngine(FullyShardEngine):
     """torchtitan model + FSDP2 (its ``parallelize_<family>``) engine for causal LMs."""
 
     config_class = TorchtitanEngineConfig
@@ -181,18 +179,6 @@ class TorchtitanEngine(ModuleEngine):
             if isinstance(unit, FSDPModule):
                 unit.set_gradient_divide_factor(None)  # FSDP's default again: the mean over the data-parallel ranks
         return module
-
-    def _grad_reduce_deferral(self) -> Optional[Callable[[], AbstractContextManager[Any]]]:
-        return partial(unsynced_grads, self.module) if self.config.defer_grad_reduce else None
-
-    def _clip_grad_norm(self, max_norm: float) -> float:
-        return clip_grad_norm(self.module.parameters(), max_norm)
-
-    def _iter_full_tensors(self, only: Optional[Callable[[str], bool]] = None) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter_full_tensors(self.module, only)
-
-    def _move_module(self, device: torch.device) -> None:
-        self.module.to(device)
 
     def _layout(self) -> dict[str, Any]:
         return {"tensor_parallel_size": self.config.tensor_parallel_size}  # dp_shard = world size / TP

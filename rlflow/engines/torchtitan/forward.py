@@ -16,8 +16,8 @@ import torch
 from torch.distributed.tensor import DTensor
 from torchtitan.models.common.decoder import Decoder
 
-from rlflow.engines.common.models import CausalLMForward
-from rlflow.engines.common.packing import TokenStream
+from rlflow.engines.common.batching.packing import TokenStream
+from rlflow.engines.common.forward.models import CausalLMForward
 
 __all__ = ["TitanCausalLMForward"]
 

@@ -1,0 +1,102 @@
+"""One entry point's config, from the command line to a validated, typed config, before Ray starts.
+
+An ``EntryPoint`` says what config loading needs to know of a Hydra entry point (``main_ppo``,
+``main_sft``, the Tinker service): its YAML, its schema, where it mounts engines, its choice keys
+and compute-dtype keys, and the checks of its own. The entry points themselves live above this
+package (``rlflow/trainer/entry_points.py``, ``rlflow/service/config.py``) and hand in what only
+they know (the placement and launcher registries, the service's key rules), so config loading
+depends on no driver.
+
+``EntryPoint.load`` runs every check in one order: plugins first (they may register names), then
+keys and types against the schema (each engine node against its engine's config class), every
+choice value, what the policy engine supports, the timeouts, bf16/fp16 on this CPU, and last the
+entry point's own checks.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+
+from rlflow.config import ConfigError, validate_config
+from rlflow.config.loading.choices import Choice, check_choices
+from rlflow.config.loading.dtype_guard import ComputeDtypeKey, check_half_precision
+from rlflow.config.loading.engine_checks import check_engine_supports, engine_schema_resolver
+from rlflow.config.loading.hydra_entry import compose_hydra_config, run_hydra_entry
+from rlflow.config.loading.timeouts import check_timeouts
+from rlflow.utils.plugins import import_plugins
+
+# Keys naming plugins, in import order: rlflow's, then verl's spelling (merged into the first).
+PLUGIN_KEYS = ("trainer.plugins", "trainer.external_lib")
+
+ConfigCheck = Callable[[DictConfig], None]
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """What config loading knows of one Hydra entry point.
+
+    ``engine_mounts`` are the keys where the ``engine`` group is mounted; ``policy_mounts`` the
+    engines that train the policy (a causal LM) in every run, whose options (LoRA, mixed precision)
+    are checked against the engine's capabilities. ``group_shorthands`` maps a mount key to its
+    group (``actor.engine=fsdp`` for ``engine@actor.engine=fsdp``); keys under
+    ``free_form_mappings`` may be new. ``choices`` and ``dtype_keys`` list the entry point's choice
+    and compute-dtype keys (called after the plugins are imported); ``checks`` run last.
+    """
+
+    config_name: str
+    schema: type
+    choices: Callable[[], list[Choice]]
+    dtype_keys: Callable[[], list[ComputeDtypeKey]]
+    engine_mounts: tuple[str, ...] = ()
+    policy_mounts: tuple[str, ...] = ()
+    group_shorthands: Mapping[str, str] = field(default_factory=dict)
+    free_form_mappings: tuple[str, ...] = ()
+    checks: tuple[ConfigCheck, ...] = ()
+
+    def load(self, cfg: DictConfig) -> DictConfig:
+        """Validate a composed (raw) config of this entry point; raises a ``UserError`` naming the bad key."""
+        cfg = import_configured_plugins(cfg)
+        config = validate_config(cfg, self.schema, {path: engine_schema_resolver(path) for path in self.engine_mounts})
+        check_choices(config, self.choices())
+        for mount in self.policy_mounts:
+            check_engine_supports(config, mount)
+        check_timeouts(config.trainer.timeouts)
+        check_half_precision(config, self.dtype_keys())
+        for check in self.checks:
+            check(config)
+        return config
+
+    def compose(self, overrides: Sequence[str]) -> DictConfig:
+        """The validated config this entry point builds from these command-line overrides, composed in-process."""
+        return self.load(compose_hydra_config(self.config_name, overrides, self.group_shorthands, self.free_form_mappings))
+
+    def run(self, body: Callable[[DictConfig], object]) -> None:
+        """Parse ``sys.argv`` with Hydra, validate, then call ``body(config)``; a ``UserError`` exits 2 with one line."""
+        run_hydra_entry(self.config_name, lambda cfg: body(self.load(cfg)), self.group_shorthands, self.free_form_mappings)
+
+
+def _plugin_specs(cfg: DictConfig, key: str) -> list[str]:
+    value: Any = OmegaConf.select(cfg, key)
+    values = list(value) if isinstance(value, (ListConfig, list, tuple)) else [] if value is None else [value]
+    if not all(isinstance(spec, str) for spec in values):
+        raise ConfigError(f"config key '{key}': expected a module name or a path to a .py file (or a list of them), got {value!r}")
+    return values
+
+
+def import_configured_plugins(cfg: DictConfig) -> DictConfig:
+    """Import the plugins a raw (not yet validated) config names; validation may need what they register.
+
+    Returns a copy whose ``trainer.plugins`` lists every plugin imported (``.py`` paths made
+    absolute, ``trainer.external_lib`` merged in and set to null), which is what the worker
+    processes and ``torchrun`` ranks import in turn.
+    """
+    plugins = import_plugins([spec for key in PLUGIN_KEYS for spec in _plugin_specs(cfg, key)])
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        cfg.trainer.plugins = plugins
+        cfg.trainer.external_lib = None
+    return cfg

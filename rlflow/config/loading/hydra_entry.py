@@ -1,0 +1,127 @@
+"""What every Hydra entry point shares: the config folder, argv shorthands, in-process composition, one-line user errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import hydra
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from rlflow.config.loading.verl_overrides import check_verl_overrides
+from rlflow.errors import UserError
+from rlflow.utils.device import limit_cpu_threads
+
+# The YAMLs ship inside the package (package data), so a wheel or non-editable install finds them too.
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+
+
+# The group whose options are registered classes: a registered engine needs no YAML of its own.
+ENGINE_GROUP = "engine"
+
+
+def _group_key(group: str, mount: str) -> str:
+    return group if mount == group else f"{group}@{mount}"
+
+
+def _is_option_name(value: str) -> bool:
+    return value.replace("_", "").isalnum()
+
+
+def _engine_pick(key: str, value: str, group_mounts: Mapping[str, str]) -> str | None:
+    """The mount whose engine ``key=value`` picks by name (``actor.engine=NAME``, ``actor.engine.name=NAME``)."""
+    mount = key.removesuffix(".name")
+    return mount if group_mounts.get(mount) == ENGINE_GROUP and _is_option_name(value) else None
+
+
+def expand_group_shorthands(argv: list[str], group_mounts: Mapping[str, str]) -> list[str]:
+    """Let users write ``actor.engine=fsdp`` for Hydra's ``engine@actor.engine=fsdp``.
+
+    ``group_mounts`` maps a mount key (``actor.engine``) to its group (``engine``).
+    Only bare option names are rewritten; ``actor.engine.lr=1e-5`` is left alone.
+
+    ``actor.engine.name=NAME`` picks an engine just as ``actor.engine=NAME`` does (the last pick
+    of a mount wins). An engine without ``rlflow/configs/engine/NAME.yaml`` (a plugin's) replaces the
+    mount's default YAML with nothing: the node holds ``name`` and the keys set on the command
+    line (force-added, ``++``), and the engine's config class supplies every other default when
+    the config is validated.
+    """
+    picks = {}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        mount = _engine_pick(key, value, group_mounts) if sep else None
+        if mount is not None:
+            picks[mount] = value
+    yamlless = {m for m, name in picks.items() if not (Path(CONFIG_DIR) / ENGINE_GROUP / f"{name}.yaml").is_file()}
+    expanded = [f"~{_group_key(ENGINE_GROUP, mount)}" for mount in sorted(yamlless)]
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        mount = _engine_pick(key, value, group_mounts) if sep else None
+        under = next((m for m in yamlless if key.lstrip("+").startswith(f"{m}.")), None)
+        if mount in yamlless:
+            arg = f"++{mount}.name={picks[mount]}"
+        elif mount is not None:
+            arg = f"{_group_key(ENGINE_GROUP, mount)}={picks[mount]}"
+        elif sep and under is not None:
+            arg = f"++{arg.lstrip('+')}"
+        elif sep and key in group_mounts and _is_option_name(value):
+            arg = f"{_group_key(group_mounts[key], key)}={value}"
+        expanded.append(arg)
+    return expanded
+
+
+def add_free_form_keys(argv: list[str], mappings: tuple[str, ...]) -> list[str]:
+    """``++`` before each ``key=value`` under one of ``mappings`` (free-form nodes, such as the service's
+    ``service.models``), so ``service.models.tiny=/path`` adds a key instead of failing Hydra's struct check."""
+    expanded = []
+    for arg in argv:
+        key, sep, _ = arg.partition("=")
+        if sep and any(key.lstrip("+").startswith(f"{mapping}.") for mapping in mappings):
+            arg = f"++{arg.lstrip('+')}"
+        expanded.append(arg)
+    return expanded
+
+
+def compose_hydra_config(config_name: str, overrides: Sequence[str], group_mounts: Mapping[str, str],
+                         free_form_mappings: tuple[str, ...] = ()) -> DictConfig:
+    """The raw config an entry point's Hydra parse gives for these command-line overrides, composed in-process."""
+    check_verl_overrides(config_name, overrides)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name, add_free_form_keys(expand_group_shorthands(list(overrides), group_mounts), free_form_mappings))
+
+
+def run_hydra_entry(
+    config_name: str,
+    run: Callable[[DictConfig], None],
+    group_mounts: Mapping[str, str] | None = None,
+    free_form_mappings: tuple[str, ...] = (),
+) -> None:
+    """Parse the command line with Hydra, then call ``run(cfg)``; ``UserError`` exits 2 with one line.
+
+    Keys under ``free_form_mappings`` may be new (``add_free_form_keys``).
+
+    A key in verl's spelling stops it first, with the line naming rlflow's key (``verl_overrides``).
+
+    The controller itself runs one torch thread: it only moves batches and does cheap batch math,
+    and a second thread on a loaded small machine made its tensor work many times slower.
+    """
+    limit_cpu_threads(1)
+    try:
+        check_verl_overrides(config_name, sys.argv[1:])
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    argv = add_free_form_keys(expand_group_shorthands(sys.argv[1:], group_mounts or {}), free_form_mappings)
+    sys.argv = [sys.argv[0], *argv]
+
+    @hydra.main(config_path=CONFIG_DIR, config_name=config_name, version_base=None)
+    def _main(cfg: DictConfig) -> None:
+        try:
+            run(cfg)
+        except UserError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+
+    _main()

@@ -1,0 +1,87 @@
+"""The drivers' two entry points, ``main_ppo`` and ``main_sft``, as config loading sees them.
+
+Each ``EntryPoint`` (``rlflow.config.loading``) names its YAML, schema, engine mounts and the
+choice keys it checks before Ray starts; the driver-level tables (``trainer.placement``,
+``trainer.launcher``) are this package's registries, handed down here so that config loading
+imports no driver.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from omegaconf import DictConfig
+
+from rlflow.config import ConfigError
+from rlflow.config.loading.choices import (
+    Choice,
+    mounted_engine_choices,
+    ppo_algorithm_choices,
+    rollout_choices,
+    run_choices,
+    sft_data_choices,
+)
+from rlflow.config.loading.dtype_guard import ppo_dtype_keys, sft_dtype_keys
+from rlflow.config.loading.entry_point import EntryPoint
+from rlflow.config.schema import PPOConfig, SFTConfig
+from rlflow.rollout import ROLLOUT_REGISTRY
+from rlflow.trainer.placement import PLACEMENT_REGISTRY
+from rlflow.trainer.sft_launchers import LAUNCHER_REGISTRY
+
+# Where the `engine` group is mounted in each entry point's config.
+PPO_ENGINE_MOUNTS = ("actor.engine", "critic.engine", "ref.engine", "reward.reward_model.engine")
+SFT_ENGINE_MOUNTS = ("engine",)
+
+
+def _check_lora_sync(config: DictConfig) -> None:
+    """``rollout.lora_sync=adapter`` needs a LoRA actor and a rollout backend that applies adapters."""
+    if config.rollout.lora_sync != "adapter":
+        return
+    if int(config.actor.engine.lora.rank) <= 0:
+        raise ConfigError("config key 'rollout.lora_sync': adapter sync needs a LoRA actor (actor.engine.lora.rank > 0); "
+                          "set rollout.lora_sync=merged")
+    if not ROLLOUT_REGISTRY.get(config.rollout.name).takes_lora_adapters:
+        raise ConfigError(f"config key 'rollout.lora_sync': the {config.rollout.name} rollout takes merged weights only; "
+                          "set rollout.lora_sync=merged or rollout=vllm")
+
+
+def _ppo_choices() -> list[Choice]:
+    return [*run_choices(), Choice("trainer.placement", PLACEMENT_REGISTRY), *ppo_algorithm_choices(),
+            *rollout_choices(), *mounted_engine_choices(PPO_ENGINE_MOUNTS)]
+
+
+def _sft_choices() -> list[Choice]:
+    return [*run_choices(), Choice("trainer.launcher", LAUNCHER_REGISTRY), *sft_data_choices(),
+            *mounted_engine_choices(SFT_ENGINE_MOUNTS)]
+
+
+PPO_ENTRY = EntryPoint(
+    config_name="ppo_trainer",
+    schema=PPOConfig,
+    choices=_ppo_choices,
+    dtype_keys=lambda: ppo_dtype_keys(PPO_ENGINE_MOUNTS),
+    engine_mounts=PPO_ENGINE_MOUNTS,
+    policy_mounts=("actor.engine",),
+    group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
+    checks=(_check_lora_sync,),
+)
+
+SFT_ENTRY = EntryPoint(
+    config_name="sft_trainer",
+    schema=SFTConfig,
+    choices=_sft_choices,
+    dtype_keys=lambda: sft_dtype_keys(SFT_ENGINE_MOUNTS),
+    engine_mounts=SFT_ENGINE_MOUNTS,
+    policy_mounts=("engine",),
+    group_shorthands={"engine": "engine", "data": "sft_data"},  # data=synthetic: rlflow/configs/sft_data/synthetic.yaml
+)
+
+
+def compose_ppo_config(overrides: Sequence[str]) -> DictConfig:
+    """The validated config ``main_ppo`` builds from these command-line overrides, composed in-process."""
+    return PPO_ENTRY.compose(overrides)
+
+
+def compose_sft_config(overrides: Sequence[str]) -> DictConfig:
+    """The validated config ``main_sft`` builds from these command-line overrides, composed in-process."""
+    return SFT_ENTRY.compose(overrides)

@@ -1,0 +1,65 @@
+"""Generate phases: the step's samples, their balance over the DP ranks, and ReMax's greedy baseline."""
+
+from __future__ import annotations
+
+import torch
+
+from rlflow.meta_info import GLOBAL_STEP, METRICS, TEMPERATURE, VALIDATE
+from rlflow.protocol import DataProto
+from rlflow.trainer.batch_balance import balance_batch
+from rlflow.trainer.phases.base import Phase
+from rlflow.trainer.phases.columns import ROLLOUT_COLUMNS
+from rlflow.trainer.phases.context import PhaseContext, StepState
+
+__all__ = ["Balance", "Generate", "GreedyBaselines"]
+
+
+class Generate(Phase):
+    """``rollout.n`` samples per prompt from the rollout replicas, with the rollout's metrics.
+
+    Its input is the step's prompts (``input_ids``/``attention_mask``/``position_ids`` and the
+    loader's non-tensor columns); its output is the step's batch, whose ``meta_info`` carries
+    ``TEMPERATURE`` (the log-prob passes use the sampling temperature) and ``GLOBAL_STEP``.
+    """
+
+    name = "generate"
+    reads = ("input_ids", "attention_mask", "position_ids")
+    writes = ROLLOUT_COLUMNS
+
+    def run(self, ctx: PhaseContext, prompts: DataProto, state: StepState) -> DataProto:
+        request = prompts.select()
+        request.meta_info[GLOBAL_STEP.name] = state.step
+        batch = ctx.roles.rollout.generate_sequences(request)
+        metrics = METRICS.pop(batch.meta_info)
+        batch.meta_info = {TEMPERATURE.name: ctx.config.rollout.temperature, GLOBAL_STEP.name: state.step,
+                           METRICS.name: metrics}
+        return batch
+
+
+class Balance(Phase):
+    """The batch's rows reordered so each DP rank's chunk carries a near-equal amount of work (``balance_batch``)."""
+
+    name = "balance"
+    reads = ("attention_mask",)
+
+    def run(self, ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
+        return balance_batch(batch, ctx.plan.world_size, ctx.plan.share_prefix)
+
+
+class GreedyBaselines(Phase):
+    """ReMax's baseline: the rule reward of each prompt's greedy response (``rollout.val_kwargs``
+    sampling), as ``reward_baselines`` ``[B]`` for the batch rows, matched by ``uid``."""
+
+    name = "greedy_baselines"
+    reads = ("uid",)
+    writes = ("reward_baselines",)
+
+    def run(self, ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
+        prompts = state.prompts.select()
+        prompts.meta_info.update({GLOBAL_STEP.name: state.step, VALIDATE.name: True})
+        greedy = ctx.roles.rollout.generate_sequences(prompts)
+        METRICS.pop(greedy.meta_info)
+        scores, _ = ctx.reward_manager(greedy)
+        by_uid = dict(zip(greedy.non_tensor_batch["uid"].tolist(), scores.sum(-1).tolist()))
+        baselines = [by_uid[uid] for uid in batch.non_tensor_batch["uid"].tolist()]
+        return DataProto.from_dict({"reward_baselines": torch.tensor(baselines, dtype=torch.float32)})

@@ -1,0 +1,50 @@
+"""``run_step``: the synchronous PPO step, a sequence of phase calls.
+
+generate -> balance -> score -> old log-probs / ref log-probs / values (sent together) ->
+[ReMax greedy baseline] -> advantages -> [rollout sleep] -> critic update -> actor update ->
+weight sync. A loop that runs steps differently (asynchronously, multi-turn) composes the same
+phases with its own ``StepRecord``.
+"""
+
+from __future__ import annotations
+
+from rlflow.protocol import DataProto
+from rlflow.trainer.phases.advantages import Advantages
+from rlflow.trainer.phases.base import StepRecord
+from rlflow.trainer.phases.context import PhaseContext, StepState
+from rlflow.trainer.phases.forward_passes import forward_passes
+from rlflow.trainer.phases.generate import Balance, Generate, GreedyBaselines
+from rlflow.trainer.phases.scoring import Score
+from rlflow.trainer.phases.sync import RolloutSleep, WeightSync
+from rlflow.trainer.phases.updates import ActorUpdate, CriticUpdate
+from rlflow.trainer.ppo_metrics import step_end_metrics
+
+__all__ = ["run_step"]
+
+
+def run_step(ctx: PhaseContext, prompts: DataProto, step: int) -> dict[str, float]:
+    """Step ``step`` on a batch of prompts; returns the step's metrics (``timing_s/<name>`` per timed block)."""
+    state, record = StepState.begin(ctx, prompts, step), StepRecord()
+    with record.timed("step"):
+        with record.timed("gen"):
+            batch = record.produce(Generate(), ctx, prompts, state)
+        batch = record.produce(Balance(), ctx, batch, state)
+        with record.timed("reward"):
+            record.add(Score(), ctx, batch, state)
+        with record.timed("log_probs_and_values"):
+            record.add_concurrently(forward_passes(ctx, state), ctx, batch, state)
+        with record.timed("adv"):
+            if ctx.plan.needs_greedy_baseline:
+                record.add(GreedyBaselines(), ctx, batch, state)
+            record.add(Advantages(), ctx, batch, state)
+        if state.update_actor:  # the weight sync below wakes the rollout engines again
+            record.add(RolloutSleep(), ctx, batch, state)
+        if ctx.plan.use_critic:
+            with record.timed("update_critic"):
+                record.add(CriticUpdate(), ctx, batch, state)
+        if state.update_actor:
+            with record.timed("update_actor"):
+                record.add(ActorUpdate(), ctx, batch, state)
+            with record.timed("weight_sync"):
+                record.add(WeightSync(), ctx, batch, state)
+    return {**record.metrics, **step_end_metrics(batch, record.timings, ctx.plan.use_critic, ctx.plan.world_size, step)}

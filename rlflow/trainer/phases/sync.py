@@ -1,0 +1,30 @@
+"""The phases around the update that concern the rollout engines: sleep before it, weight sync after it."""
+
+from __future__ import annotations
+
+from rlflow.meta_info import METRICS
+from rlflow.protocol import DataProto
+from rlflow.trainer.phases.base import Phase
+from rlflow.trainer.phases.context import PhaseContext, StepState
+
+__all__ = ["RolloutSleep", "WeightSync"]
+
+
+class RolloutSleep(Phase):
+    """Colocated with ``rollout.free_cache_engine``: the rollout engines free their memory for the update
+    (``PlacedRoles.free_rollout_memory``); the next ``WeightSync`` wakes them."""
+
+    name = "rollout_sleep"
+
+    def run(self, ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
+        ctx.roles.free_rollout_memory(ctx.config.rollout)
+        return DataProto()
+
+
+class WeightSync(Phase):
+    """The actor's updated weights into every rollout replica, in the rollout's dtype (``PlacedRoles.sync_weights``)."""
+
+    name = "weight_sync"
+
+    def run(self, ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
+        return DataProto(meta_info={METRICS.name: ctx.roles.sync_weights(ctx.config.rollout)})

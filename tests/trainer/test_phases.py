@@ -1,0 +1,201 @@
+"""``run_step`` and the phase contract, with stand-in roles recording each worker call.
+
+The config, the algorithms (advantages, KL), ``ResponseScorer``, ``DivergenceGuard``,
+``balance_batch`` and the rollout's output layout (``build_rollout_output``) are the real ones;
+only the worker groups and the reward function are stand-ins, so the test checks the step's
+composition: which calls each algorithm's step makes, in which order, with which ``meta_info``,
+and that every phase finds the columns it declares it reads and returns the ones it declares it
+writes (``StepRecord`` raises ``PhaseKeyError`` otherwise). The numerics of the real step are
+checked end to end in ``tests/ppo``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import torch
+
+from rlflow.algos import get_kl_controller
+from rlflow.meta_info import (GLOBAL_STEP, METRICS, MINI_BATCH_SIZE, OLD_LOG_PROBS_FROM_UPDATE, SEED, TEMPERATURE,
+                              VALIDATE)
+from rlflow.protocol import DataProto
+from rlflow.rollout.processing import build_rollout_output
+from rlflow.rollout.sampling import Sampling
+from rlflow.trainer.entry_points import compose_ppo_config
+from rlflow.trainer.divergence import DivergenceGuard
+from rlflow.trainer.phases import PhaseContext, RunPlan, StepState, run_step
+from rlflow.trainer.phases.advantages import Advantages
+from rlflow.trainer.phases.base import Phase, PhaseKeyError, StepRecord
+from rlflow.trainer.phases.generate import GreedyBaselines
+from rlflow.trainer.response_scoring import ResponseScorer
+
+PROMPTS, RESPONSE, PAD = 4, 6, 0
+BASE = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2", "trainer.n_procs_per_node=2",
+        "data.max_response_length=6", "rollout.response_length=6"]
+
+
+class Method:
+    """A worker-group method seen from the controller: records each call, answers with ``answer``."""
+
+    def __init__(self, name: str, calls: list[tuple[str, Any]], answer: Callable[..., Any]):
+        self.name, self.calls, self.answer = name, calls, answer
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls.append((self.name, args[0] if args else None))
+        return self.answer(*args)
+
+    def future(self, *args: Any) -> SimpleNamespace:
+        result = self(*args)  # sent now; the controller waits later
+        return SimpleNamespace(get=lambda: result)
+
+
+def _columns(data: DataProto, **values: float) -> DataProto:
+    shape = data.batch["responses"].shape
+    return DataProto.from_dict({key: torch.full(shape, value) for key, value in values.items()})
+
+
+def _generate(config: Any) -> Callable[[DataProto], DataProto]:
+    def generate(prompts: DataProto) -> DataProto:
+        greedy = VALIDATE.read(prompts.meta_info)
+        n = 1 if greedy else config.rollout.n
+        tokens = [row[mask.bool()].tolist() for row, mask in zip(prompts.batch["input_ids"], prompts.batch["attention_mask"])]
+        responses = [[3 + (i % 5)] * (1 + (i * 7 + int(greedy)) % RESPONSE) for i in range(len(tokens) * n)]
+        sampling = Sampling(n, greedy, 1.0, 1.0, -1, RESPONSE, (), None)
+        out = build_rollout_output(prompts, tokens, responses, [[-0.5] * len(r) for r in responses], sampling, PAD)
+        out.meta_info[METRICS.name] = {"timing_s/generate": 0.1, "rollout/generated_tokens": float(out.batch["response_mask"].sum())}
+        return out
+    return generate
+
+
+def _forward_backward(mini: DataProto) -> DataProto:
+    out = _columns(mini, log_probs=-0.4, entropy=0.7) if OLD_LOG_PROBS_FROM_UPDATE.read(mini.meta_info) else DataProto()
+    out.meta_info[METRICS.name] = {"actor/pg_loss": 0.25}
+    return out
+
+
+def _roles(config: Any, calls: list[tuple[str, Any]]) -> SimpleNamespace:
+    actor = SimpleNamespace(
+        compute_log_prob=Method("compute_log_prob", calls, lambda d: _columns(d, old_log_probs=-0.45, entropys=0.7)),
+        compute_ref_log_prob=Method("compute_ref_log_prob", calls, lambda d: _columns(d, ref_log_prob=-0.6)),
+        forward_backward=Method("forward_backward", calls, _forward_backward),
+        optim_step=Method("optim_step", calls, lambda: [{"actor/skipped": 0.0, "actor/grad_norm": 1.5}]),
+    )
+    critic = SimpleNamespace(
+        compute_values=Method("compute_values", calls, lambda d: _columns(d, values=0.1)),
+        update_critic=Method("update_critic", calls, lambda d: {"critic/vf_loss": 0.3, "critic/optim_steps": 2.0,
+                                                                "critic/trailing_skipped_steps": 0.0}),
+    )
+    return SimpleNamespace(
+        actor=actor, ref=actor, critic=critic, reward_model=None,
+        rollout=SimpleNamespace(generate_sequences=Method("generate_sequences", calls, _generate(config))),
+        free_rollout_memory=Method("free_rollout_memory", calls, lambda cfg: None),
+        sync_weights=Method("sync_weights", calls, lambda cfg: {"weight_sync/mb": 1.0}),
+    )
+
+
+def _reward(batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+    """A stand-in reward function: the response length / 10 on each response's last token."""
+    mask = batch.batch["response_mask"]
+    scores = torch.zeros(mask.shape)
+    scores[torch.arange(len(mask)), mask.sum(-1) - 1] = mask.sum(-1) / 10.0
+    return scores, {"reward/error_count": 0.0}
+
+
+def _context(overrides: list[str], calls: list[tuple[str, Any]]) -> PhaseContext:
+    config = compose_ppo_config(BASE + overrides)
+    return PhaseContext(config, RunPlan.from_config(config, None), _roles(config, calls), _reward,
+                        ResponseScorer(_reward, config.reward), DivergenceGuard.from_config(config),
+                        get_kl_controller(config.algorithm.kl_ctrl))
+
+
+def _prompts() -> DataProto:
+    lengths = [3, 5, 2, 4]
+    mask = torch.tensor([[0] * (5 - n) + [1] * n for n in lengths])
+    return DataProto.from_dict(
+        {"input_ids": torch.arange(1, 21).reshape(4, 5) * mask, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)},
+        {"uid": np.array([f"0-{i}" for i in range(PROMPTS)], dtype=object), "data_source": np.array(["t"] * PROMPTS, dtype=object),
+         "ground_truth": np.array(["1"] * PROMPTS, dtype=object)})
+
+
+UPDATE = ["free_rollout_memory", "forward_backward", "optim_step", "forward_backward", "optim_step", "sync_weights"]
+CASES = {  # overrides, step -> the worker calls of that step, in order
+    "grpo": ([], 1, ["generate_sequences", "compute_log_prob"] + UPDATE),
+    "grpo_on_policy": (["actor.ppo_mini_batch_size=4"], 1,
+                       ["generate_sequences", "free_rollout_memory", "forward_backward", "optim_step", "sync_weights"]),
+    "grpo_kl_loss": (["actor.use_kl_loss=true"], 1, ["generate_sequences", "compute_log_prob", "compute_ref_log_prob"] + UPDATE),
+    "ppo": (["algorithm=ppo", "critic.ppo_mini_batch_size=2"], 3,
+            ["generate_sequences", "compute_log_prob", "compute_values", "free_rollout_memory", "update_critic"] + UPDATE[1:]),
+    "ppo_warmup_kl_in_reward": (["algorithm=ppo", "critic.ppo_mini_batch_size=2", "critic.warmup_steps=1",
+                                 "algorithm.use_kl_in_reward=true"], 1,
+                                ["generate_sequences", "compute_log_prob", "compute_ref_log_prob", "compute_values", "update_critic"]),
+    "remax": (["algorithm=remax"], 2, ["generate_sequences", "compute_log_prob", "generate_sequences"] + UPDATE),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_algorithm_step_makes_its_worker_calls_in_order(case):
+    overrides, step, expected = CASES[case]
+    calls: list[tuple[str, Any]] = []
+    metrics = run_step(_context(overrides, calls), _prompts(), step)
+    assert [name for name, _ in calls] == expected
+    assert metrics["training/global_step"] == step and np.isfinite(metrics["critic/advantages/mean"])
+    timed = {key for key in metrics if key.startswith("timing_s/")}
+    assert {"timing_s/step", "timing_s/gen", "timing_s/reward", "timing_s/adv", "timing_s/generate"} <= timed
+
+
+def test_the_calls_carry_the_meta_info_schema():
+    calls: list[tuple[str, Any]] = []
+    ctx = _context(["algorithm=remax", "actor.ppo_mini_batch_size=4"], calls)
+    run_step(ctx, _prompts(), 7)
+    sent = {}
+    for name, data in calls:
+        sent.setdefault(name, []).append(data)
+    train, greedy = sent["generate_sequences"]
+    assert GLOBAL_STEP.read(train.meta_info) == 7 and not VALIDATE.read(train.meta_info)
+    assert GLOBAL_STEP.read(greedy.meta_info) == 7 and VALIDATE.read(greedy.meta_info) and len(greedy) == PROMPTS
+    (update,) = sent["forward_backward"]  # one mini-batch: its old log-probs are the update forward's
+    assert OLD_LOG_PROBS_FROM_UPDATE.read(update.meta_info) and "old_log_probs" not in update.batch
+    assert TEMPERATURE.read(update.meta_info) == ctx.config.rollout.temperature
+
+
+def test_the_critic_update_gets_its_mini_batch_size_and_seed():
+    calls: list[tuple[str, Any]] = []
+    ctx = _context(["algorithm=ppo", "critic.ppo_mini_batch_size=2", "trainer.seed=5"], calls)
+    run_step(ctx, _prompts(), 3)
+    (update,) = [data for name, data in calls if name == "update_critic"]
+    assert MINI_BATCH_SIZE.read(update.meta_info) == 2 * ctx.config.rollout.n and SEED.read(update.meta_info) == 8
+    assert TEMPERATURE.read(calls[1][1].meta_info) == ctx.config.rollout.temperature  # the old log-prob pass
+
+
+def test_greedy_baselines_follow_each_row_by_uid():
+    calls: list[tuple[str, Any]] = []
+    ctx = _context(["algorithm=remax"], calls)
+    state = StepState.begin(ctx, _prompts(), 1)
+    rows = DataProto.from_dict({"r": torch.arange(6)}, {"uid": np.array(["0-2", "0-0", "0-3", "0-2", "0-1", "0-0"], dtype=object)})
+    StepRecord().add(GreedyBaselines(), ctx, rows, state)
+    greedy_scores, _ = _reward(_generate(ctx.config)(DataProto(state.prompts.batch, state.prompts.non_tensor_batch, {VALIDATE.name: True})))
+    per_prompt = greedy_scores.sum(-1)
+    assert rows.batch["reward_baselines"].tolist() == pytest.approx([per_prompt[i].item() for i in (2, 0, 3, 2, 1, 0)])
+
+
+def test_a_phase_without_a_column_it_reads_names_the_phase_and_the_column():
+    calls: list[tuple[str, Any]] = []
+    ctx = _context([], calls)
+    batch = DataProto.from_dict({"response_mask": torch.ones(2, 3)}, {"uid": np.array(["a", "b"], dtype=object)})
+    with pytest.raises(PhaseKeyError, match=r"phase 'advantages' reads \['token_level_scores'\]"):
+        StepRecord().add(Advantages(), ctx, batch, StepState.begin(ctx, _prompts(), 1))
+
+
+def test_a_phase_that_writes_an_undeclared_column_is_refused():
+    class Leaky(Phase):
+        name, writes = "leaky", ("a",)
+
+        def run(self, ctx, batch, state):
+            return DataProto.from_dict({"a": torch.zeros(2), "b": torch.zeros(2)})
+
+    ctx = _context([], [])
+    with pytest.raises(PhaseKeyError, match=r"phase 'leaky' declares it writes \['a'\] but returned \['a', 'b'\]"):
+        StepRecord().add(Leaky(), ctx, DataProto.from_dict({"x": torch.zeros(2)}), StepState.begin(ctx, _prompts(), 1))
