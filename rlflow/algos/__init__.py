@@ -81,7 +81,6 @@ from rlflow.algos.rollout_correction import (
     compute_rollout_correction_and_rejection_mask,
     compute_rollout_correction_weights,
     compute_rollout_rejection_mask,
-    rollout_correction_phase,
     rollout_rs_options,
 )
 from rlflow.utils.registry import Registry
@@ -145,6 +144,5 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "ppo_clip_token_losses",
-    "rollout_correction_phase",
     "rollout_rs_options",
 ]

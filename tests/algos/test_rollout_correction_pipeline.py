@@ -1,5 +1,5 @@
 """The one-call correction (verl's ``compute_rollout_correction_and_rejection_mask``), its off-policy metrics
-against closed forms, and the driver's phase in both modes."""
+against closed forms, and verl's batch-level entry point (the PPO step's phase is tested in tests/trainer)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import pytest
 import torch
 from rollout_correction_cases import RATIOS, mean, tensors, tokens
 
-from rlflow.algos import compute_offpolicy_metrics, compute_rollout_correction_and_rejection_mask, rollout_correction_phase
+from rlflow.algos import (
+    compute_offpolicy_metrics,
+    compute_rollout_correction_and_add_to_batch,
+    compute_rollout_correction_and_rejection_mask,
+)
 from rlflow.config.schema import RolloutCorrectionConfig
-from rlflow.meta_info import ROLLOUT_CORRECTION
 from rlflow.protocol import DataProto
 
 
@@ -75,31 +78,21 @@ def _batch(rows: int = 8, width: int = 6, perturbed: tuple[int, ...] = (2, 5)) -
     return DataProto.from_dict({"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": mask})
 
 
-def test_decoupled_phase_rejects_exactly_the_perturbed_rows_and_adds_weights():
+def test_add_to_batch_rejects_exactly_the_perturbed_rows_and_adds_weights():
     batch = _batch()
-    clean_kl = rollout_correction_phase(_batch(perturbed=()), RolloutCorrectionConfig())["rollout_corr/kl"]
-    metrics = rollout_correction_phase(batch, RolloutCorrectionConfig(
+    _, clean = compute_rollout_correction_and_add_to_batch(_batch(perturbed=()), RolloutCorrectionConfig())
+    same, metrics = compute_rollout_correction_and_add_to_batch(batch, RolloutCorrectionConfig(
         rollout_is="token", rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01))
     kept = batch.batch["response_mask"].sum(-1)
-    assert [row for row in range(len(batch)) if kept[row] == 0] == [2, 5]
+    assert same is batch and [row for row in range(len(batch)) if kept[row] == 0] == [2, 5]
     assert (kept[[0, 1, 3, 4, 6, 7]] == 4).all()
     assert batch.batch["rollout_is_weights"].shape == (8, 6)
-    assert clean_kl == 0.0 and abs(metrics["rollout_corr/kl"]) > 0.01
+    assert clean["rollout_corr/kl"] == 0.0 and abs(metrics["rollout_corr/kl"]) > 0.01
     assert metrics["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(2 / 8)
 
 
-def test_bypass_phase_uses_the_rollout_log_probs_as_old_and_hands_the_settings_to_the_actor():
-    batch = _batch()
-    settings = RolloutCorrectionConfig(rollout_is="sequence", bypass_mode=True, loss_type="reinforce")
-    assert rollout_correction_phase(batch, settings) == {}
-    assert batch.batch["old_log_probs"] is batch.batch["rollout_log_probs"]
-    assert batch.meta_info[ROLLOUT_CORRECTION.name]["loss_type"] == "reinforce"
-    assert "rollout_is_weights" not in batch.batch
-
-
-def test_without_rollout_log_probs_the_phase_does_nothing_unless_asked_to_correct():
+def test_add_to_batch_names_the_tensors_it_lacks():
     batch = _batch()
     batch.batch.pop("rollout_log_probs")
-    assert rollout_correction_phase(batch, {"rollout_is": None}) == {}
-    with pytest.raises(ValueError, match="calculate_log_probs"):
-        rollout_correction_phase(batch, {"rollout_rs": "token_k2", "rollout_rs_threshold": 0.1})
+    with pytest.raises(ValueError, match="missing \\['rollout_log_probs'\\]"):
+        compute_rollout_correction_and_add_to_batch(batch, RolloutCorrectionConfig(rollout_is="token"))

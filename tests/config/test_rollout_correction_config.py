@@ -1,12 +1,16 @@
 """``algorithm.rollout_correction``: verl's defaults, the presets (``rollout_correction=NAME``), and the start-up
 check: every bad input class is one ``ConfigError`` line (a ``UserError``: the CLI exits 2) naming the key.
 
-One config is composed with Hydra; the cases change copies of it (a compose takes seconds).
+One config is composed with Hydra (with ``rollout.calculate_log_probs=true``, which every correction needs); the
+cases change copies of it (a compose takes seconds). The PPO entry point runs the check (its ``checks``), so a bad
+command line exits 2 with one line before Ray starts.
 """
 
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +19,11 @@ from one_line_errors import one_line_error
 
 from rlflow.algos import POLICY_LOSS_REGISTRY, check_rollout_correction
 from rlflow.config import ConfigError
-from rlflow.trainer.entry_points import compose_ppo_config
 from rlflow.config.loading.hydra_entry import CONFIG_DIR
+from rlflow.trainer.entry_points import compose_ppo_config
+
+REPO = Path(__file__).resolve().parents[2]
+LOG_PROBS = "rollout.calculate_log_probs=true"
 
 SECTION = "algorithm.rollout_correction"
 PRESETS = {
@@ -33,7 +40,7 @@ PRESETS = {
 
 @pytest.fixture(scope="module")
 def base():
-    return compose_ppo_config([])
+    return compose_ppo_config([LOG_PROBS])
 
 
 def checked(base, changes: dict):
@@ -51,16 +58,16 @@ def preset(name: str) -> dict:
     return {f"{SECTION}.{key}": value for key, value in values.items() if key != "defaults"}
 
 
-def test_defaults_are_verls_metrics_only_and_the_ppo_trainer_returns_rollout_log_probs(base):
-    check_rollout_correction(base)
-    assert dict(base.algorithm.rollout_correction) == dict(
+def test_defaults_are_verls_metrics_only_without_rollout_log_probs():
+    default = compose_ppo_config([])
+    assert dict(default.algorithm.rollout_correction) == dict(
         rollout_is=None, rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs=None,
         rollout_rs_threshold=None, bypass_mode=False, loss_type="ppo_clip")
-    assert base.rollout.calculate_log_probs is True and base.rollout.debug_skip_weight_sync_steps == 0
+    assert default.rollout.calculate_log_probs is False and default.rollout.debug_skip_weight_sync_steps == 0
 
 
 def test_hydra_picks_a_preset_by_name_and_a_key_overrides_it():
-    config = compose_ppo_config(["rollout_correction=icepop", f"{SECTION}.rollout_is_batch_normalize=true"])
+    config = compose_ppo_config([LOG_PROBS, "rollout_correction=icepop", f"{SECTION}.rollout_is_batch_normalize=true"])
     check_rollout_correction(config)
     settings = config.algorithm.rollout_correction
     assert settings.rollout_is == "token" and settings.rollout_is_threshold == "0.5_5.0"
@@ -118,3 +125,17 @@ def test_weights_for_a_loss_without_the_keyword_are_refused(base):
         changes = {"actor.policy_loss.loss_mode": "no_weights", **preset("decoupled_token_is")}
         message = one_line_error(lambda _: checked(base, changes), [], error=ConfigError)
     assert f"'{SECTION}.rollout_is'" in message and "'no_weights' takes no rollout_is_weights" in message
+
+
+def test_the_command_line_exits_2_with_one_line_before_ray_starts(tmp_path):
+    """main_ppo runs the check in its entry point: rejection without a threshold stops it before anything starts."""
+    ray_dir = tmp_path / "ray"
+    result = subprocess.run(
+        [sys.executable, "-m", "rlflow.trainer.main_ppo", LOG_PROBS, f"{RS}=seq_mean_k3", f"trainer.ray_temp_dir={ray_dir}",
+         f"trainer.default_local_dir={tmp_path / 'run'}", f"model.path={tmp_path / 'model'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and RS_THRESHOLD in lines[0], result.stderr[-2000:]
+    assert not ray_dir.exists() and not (tmp_path / "model").exists() and not (tmp_path / "run").exists()

@@ -8,8 +8,8 @@ the current ``pi``) with ``pi_rollout`` on the sampled tokens, this package
 * rejects tokens or sequences whose divergence is out of bounds (``rejection``),
 * reports the gap (``offpolicy``), every metric under ``rollout_corr/``,
 
-and gives the driver one phase (``pipeline.rollout_correction_phase``) and the start-up check
-(``config_check.check_rollout_correction``). docs/algorithms.md, "Rollout correction", has the math.
+and the start-up check (``config_check.check_rollout_correction``); the PPO step runs it as its
+``RolloutCorrection`` phase (``rlflow/trainer/phases/rollout_correction.py``). docs/algorithms.md, "Rollout correction", has the math.
 """
 
 from rlflow.algos.rollout_correction.bypass_loss import (
@@ -21,10 +21,8 @@ from rlflow.algos.rollout_correction.bypass_loss import (
 from rlflow.algos.rollout_correction.config_check import check_rollout_correction
 from rlflow.algos.rollout_correction.offpolicy import compute_offpolicy_metrics
 from rlflow.algos.rollout_correction.pipeline import (
-    apply_bypass_mode,
     compute_rollout_correction_and_add_to_batch,
     compute_rollout_correction_and_rejection_mask,
-    rollout_correction_phase,
 )
 from rlflow.algos.rollout_correction.rejection import (
     ROLLOUT_RS_DIVERGENCE_REGISTRY,
@@ -34,20 +32,28 @@ from rlflow.algos.rollout_correction.rejection import (
     rejection_rule,
     rollout_rs_options,
 )
-from rlflow.algos.rollout_correction.settings import correction_settings, corrects, needs_rollout_log_probs
+from rlflow.algos.rollout_correction.settings import (
+    BYPASS,
+    DECOUPLED,
+    correction_mode,
+    correction_settings,
+    corrects,
+    needs_rollout_log_probs,
+)
 from rlflow.algos.rollout_correction.weights import (
     ROLLOUT_IS_LEVEL_REGISTRY,
     compute_rollout_correction_weights,
 )
 
 __all__ = [
+    "BYPASS",
     "BYPASS_LOSS_MODE",
     "BYPASS_LOSS_TYPE_REGISTRY",
+    "DECOUPLED",
     "ROLLOUT_IS_LEVEL_REGISTRY",
     "ROLLOUT_RS_DIVERGENCE_REGISTRY",
     "ROLLOUT_RS_REDUCTION_REGISTRY",
     "RejectionRule",
-    "apply_bypass_mode",
     "check_rollout_correction",
     "compute_offpolicy_metrics",
     "compute_policy_loss_bypass_mode",
@@ -56,10 +62,10 @@ __all__ = [
     "compute_rollout_correction_and_rejection_mask",
     "compute_rollout_correction_weights",
     "compute_rollout_rejection_mask",
+    "correction_mode",
     "correction_settings",
     "corrects",
     "needs_rollout_log_probs",
     "rejection_rule",
     "rollout_rs_options",
-    "rollout_correction_phase",
 ]

@@ -11,7 +11,8 @@ In bypass mode the old log-probs *are* the rollout's, so the loss sees two polic
   plain REINFORCE otherwise; no ratio, no clip.
 
 The settings come from ``config.policy_loss.rollout_correction`` (as in verl); the actor puts them
-there from the batch's ``meta_info`` (``pipeline.apply_bypass_mode``).
+there from the batch's ``ROLLOUT_CORRECTION`` meta_info (``rlflow.meta_info``), which the actor-update
+phase sets in bypass mode.
 """
 
 from __future__ import annotations

@@ -1,30 +1,29 @@
-"""Rollout correction end to end: weights, rejection and diagnostics in one call, and the driver's phase.
+"""Rollout correction end to end: weights, rejection and diagnostics in one call (verl's two entry points).
 
-Two modes, as in verl:
+Two modes, as in verl; the PPO step runs either as its ``RolloutCorrection`` phase
+(``rlflow/trainer/phases/rollout_correction.py``):
 
-* **decoupled** (``bypass_mode: false``, three policies): after the old log-probs, the phase compares
-  ``pi_old`` with ``pi_rollout`` once per batch, writes ``rollout_is_weights`` (when ``rollout_is`` is
-  set) and the rejection-masked ``response_mask`` into the batch, and returns ``rollout_corr/*``;
-  the policy loss multiplies its per-token losses by the weights.
+* **decoupled** (``bypass_mode: false``, three policies): after the old log-probs,
+  ``compute_rollout_correction_and_add_to_batch`` compares ``pi_old`` with ``pi_rollout`` once per
+  batch, writes ``rollout_is_weights`` (when ``rollout_is`` is set) and the rejection-masked
+  ``response_mask`` into the batch, and returns ``rollout_corr/*``; the policy loss multiplies its
+  per-token losses by the weights.
 * **bypass** (``bypass_mode: true``, two policies): there is no old-log-prob pass; the rollout's
-  log-probs become ``old_log_probs`` and the settings travel to the actor in the
-  ``ROLLOUT_CORRECTION`` meta_info key (``rlflow.meta_info``), where the ``bypass_mode`` policy loss computes weights,
+  log-probs are the old ones and the ``bypass_mode`` policy loss (``bypass_loss``) computes weights,
   rejection and metrics per micro-batch from the *current* policy against the rollout's.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any, Optional
 
 import torch
 
 from rlflow.algos.rollout_correction.offpolicy import compute_offpolicy_metrics
 from rlflow.algos.rollout_correction.rejection import compute_rollout_rejection_mask
-from rlflow.algos.rollout_correction.settings import correction_settings, needs_rollout_log_probs
+from rlflow.algos.rollout_correction.settings import correction_settings
 from rlflow.algos.rollout_correction.summaries import require_tokens
 from rlflow.algos.rollout_correction.weights import compute_rollout_correction_weights
-from rlflow.meta_info import ROLLOUT_CORRECTION
 from rlflow.protocol import DataProto
 
 METRIC_PREFIX = "rollout_corr/"
@@ -85,32 +84,3 @@ def compute_rollout_correction_and_add_to_batch(batch: DataProto, rollout_corr_c
     if weights is not None:
         batch.batch.update(weights.batch)
     return batch, metrics
-
-
-def apply_bypass_mode(batch: DataProto, rollout_corr_config: Any) -> None:
-    """The bypass mode's set-up: the rollout's log-probs serve as ``old_log_probs`` and the settings go in
-    ``ROLLOUT_CORRECTION`` in ``meta_info`` (the actor's loss then runs the ``bypass_mode`` policy loss)."""
-    if "rollout_log_probs" not in batch.batch:
-        raise ValueError("bypass_mode needs rollout_log_probs in the batch: set rollout.calculate_log_probs=true")
-    batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
-    batch.meta_info[ROLLOUT_CORRECTION.name] = asdict(correction_settings(rollout_corr_config))
-
-
-def rollout_correction_phase(batch: DataProto, rollout_corr_config: Any) -> dict[str, float]:
-    """The driver's phase, after the old log-probs (decoupled) or instead of them (bypass).
-
-    ``rollout_corr_config`` is ``algorithm.rollout_correction``. Decoupled: the batch gets the weights and
-    the masked ``response_mask``, and the ``rollout_corr/*`` metrics are returned. Bypass: the batch is set
-    up for the ``bypass_mode`` loss (``apply_bypass_mode``), no metric here (the actor reports them). A
-    batch without ``rollout_log_probs`` (``rollout.calculate_log_probs: false``) is left alone when the
-    settings neither weight, reject nor bypass, and is an error otherwise.
-    """
-    settings = correction_settings(rollout_corr_config)
-    if "rollout_log_probs" not in batch.batch:
-        if needs_rollout_log_probs(settings):
-            raise ValueError("algorithm.rollout_correction needs rollout_log_probs: set rollout.calculate_log_probs=true")
-        return {}
-    if settings.bypass_mode:
-        apply_bypass_mode(batch, settings)
-        return {}
-    return compute_rollout_correction_and_add_to_batch(batch, settings)[1]

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any
+from typing import Any, Optional
 
 from rlflow.config.schema import RolloutCorrectionConfig
+
+DECOUPLED = "decoupled"  # weights or rejection of the old log-probs against the rollout's, once per batch
+BYPASS = "bypass"  # the rollout's log-probs are the old ones; the loss corrects per micro-batch
 
 
 def correction_settings(source: Any) -> RolloutCorrectionConfig:
@@ -30,3 +33,11 @@ def corrects(settings: RolloutCorrectionConfig) -> bool:
 def needs_rollout_log_probs(settings: RolloutCorrectionConfig) -> bool:
     """Whether the settings read the rollout's log-probs: any weighting, rejection, or bypass mode."""
     return corrects(settings) or bool(settings.bypass_mode)
+
+
+def correction_mode(settings: RolloutCorrectionConfig) -> Optional[str]:
+    """How a PPO step runs the correction: ``BYPASS`` (bypass mode), ``DECOUPLED`` (weights or rejection
+    against the old log-probs), or None (nothing to correct: at most the off-policy metrics are reported)."""
+    if settings.bypass_mode:
+        return BYPASS
+    return DECOUPLED if corrects(settings) else None
