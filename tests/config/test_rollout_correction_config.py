@@ -9,20 +9,20 @@ command line exits 2 with one line before Ray starts.
 from __future__ import annotations
 
 import copy
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import ray
 from omegaconf import OmegaConf
 from one_line_errors import one_line_error
 
 from rlflow.algos import POLICY_LOSS_REGISTRY, check_rollout_correction
 from rlflow.config import ConfigError
 from rlflow.config.loading.hydra_entry import CONFIG_DIR
+from rlflow.trainer import main_ppo
 from rlflow.trainer.entry_points import compose_ppo_config
 
-REPO = Path(__file__).resolve().parents[2]
 LOG_PROBS = "rollout.calculate_log_probs=true"
 
 SECTION = "algorithm.rollout_correction"
@@ -127,15 +127,16 @@ def test_weights_for_a_loss_without_the_keyword_are_refused(base):
     assert f"'{SECTION}.rollout_is'" in message and "'no_weights' takes no rollout_is_weights" in message
 
 
-def test_the_command_line_exits_2_with_one_line_before_ray_starts(tmp_path):
-    """main_ppo runs the check in its entry point: rejection without a threshold stops it before anything starts."""
+def test_the_command_line_exits_2_with_one_line_before_ray_starts(tmp_path, monkeypatch, capsys):
+    """main_ppo's own ``main`` (in-process: a subprocess spends a minute importing) runs the check in its entry
+    point: rejection without a threshold stops it before Ray, a model or a run folder is touched."""
     ray_dir = tmp_path / "ray"
-    result = subprocess.run(
-        [sys.executable, "-m", "rlflow.trainer.main_ppo", LOG_PROBS, f"{RS}=seq_mean_k3", f"trainer.ray_temp_dir={ray_dir}",
-         f"trainer.default_local_dir={tmp_path / 'run'}", f"model.path={tmp_path / 'model'}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 2, result.stderr[-2000:]
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and RS_THRESHOLD in lines[0], result.stderr[-2000:]
-    assert not ray_dir.exists() and not (tmp_path / "model").exists() and not (tmp_path / "run").exists()
+    monkeypatch.setattr(sys, "argv", ["main_ppo", LOG_PROBS, f"{RS}=seq_mean_k3", f"trainer.ray_temp_dir={ray_dir}",
+                                      f"trainer.default_local_dir={tmp_path / 'run'}", f"model.path={tmp_path / 'model'}"])
+    with pytest.raises(SystemExit) as exited:
+        main_ppo.main()
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and RS_THRESHOLD in lines[0], lines
+    assert not ray.is_initialized() and not ray_dir.exists() and not (tmp_path / "model").exists()
+    assert not (tmp_path / "run").exists()
