@@ -20,7 +20,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, ClassVar, Iterator, Optional
 
 import torch
 from torch import nn
@@ -31,6 +31,7 @@ from rlflow.engines.common.fully_shard import full_tensor, iter_full_tensors, un
 from rlflow.engines.common.layer_compile import compile_layer_forward
 from rlflow.engines.common.models import ForwardModule, decoder_layer_classes
 from rlflow.engines.common.module_engine import ModuleEngine
+from rlflow.config.ranges import Range, Ranges
 from rlflow.engines.config import EngineConfigError, HFModuleEngineConfig
 from rlflow.engines.registry import EngineRegistry
 from rlflow.models.loading import resolve_dtype
@@ -47,6 +48,8 @@ class FSDP2EngineConfig(HFModuleEngineConfig):
     hybrid_replicate_size: int = 1  # >1: HSDP, world = replicate x shard; shards replicate across groups
     defer_grad_reduce: bool = True  # reduce-scatter gradients once per mini-batch, not per micro-batch
     compile: bool = False  # torch.compile each decoder layer's forward (inductor)
+
+    RANGES: ClassVar[Ranges] = {"hybrid_replicate_size": Range(1, note="1: plain FSDP")}
 
 
 @EngineRegistry.register("fsdp2")

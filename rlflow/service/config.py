@@ -9,7 +9,7 @@ model, and an engine that trains LoRA adapters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from omegaconf import DictConfig
 
@@ -17,9 +17,11 @@ from rlflow.config import ConfigError
 from rlflow.config.loading.choices import Choice, mounted_engine_choices, rollout_choices
 from rlflow.config.loading.dtype_guard import ppo_dtype_keys
 from rlflow.config.loading.entry_point import EntryPoint
+from rlflow.config.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, Ranges
 from rlflow.config.schema import ClusterConfig, RolloutConfig
 from rlflow.engines.base import Capability
 from rlflow.engines.registry import EngineRegistry
+from rlflow.rollout.sampling import check_rollout_sampling
 from rlflow.utils.device import DEVICES
 
 ENGINE_MOUNTS = ("engine",)
@@ -44,6 +46,13 @@ class ServiceSection:
     poll_wait_s: float = 25.0
     keep_result_s: float = 300.0
     expire_result_s: float = 3600.0
+
+    RANGES: ClassVar[Ranges] = {
+        "port": Range(1, 65535), "max_seq_len": Range(2, note="a prompt token and a response token"),
+        "max_hosts": AT_LEAST_1, "lora_alpha": POSITIVE, "seq_gap_wait_s": NON_NEGATIVE, "gradient_hold_s": NON_NEGATIVE,
+        "max_sample_batch": Range(1, note="1: each sampling request alone"), "poll_wait_s": NON_NEGATIVE,
+        "keep_result_s": NON_NEGATIVE, "expire_result_s": NON_NEGATIVE,
+    }
 
 
 @dataclass
@@ -71,11 +80,6 @@ def _check_service(config: DictConfig) -> None:
                           f"sends no other), got {len(bad)} that do not")
     if not service.models:
         raise ConfigError("config key 'service.models': name at least one base model, e.g. service.models.tiny=/path/to/hf")
-    if service.max_hosts < 1 or service.max_seq_len < 2:
-        raise ConfigError("config keys 'service.max_hosts' and 'service.max_seq_len' must be >= 1 and >= 2")
-    if service.max_sample_batch < 1:
-        raise ConfigError(f"config key 'service.max_sample_batch' must be >= 1 (1: each sampling request alone), "
-                          f"got {service.max_sample_batch}")
     name = str(config.engine.name)
     if Capability.LORA not in EngineRegistry.get(name, config_key="engine.name").capabilities:
         lora_engines = [engine for engine in EngineRegistry.names() if Capability.LORA in EngineRegistry.get(engine).capabilities]
@@ -91,7 +95,7 @@ SERVICE_ENTRY = EntryPoint(
     engine_mounts=ENGINE_MOUNTS,
     group_shorthands={"engine": "engine"},  # engine=fsdp picks rlflow/configs/engine/fsdp.yaml
     free_form_mappings=("service.models",),  # service.models.NAME=/folder adds a base model
-    checks=(_check_service,),
+    checks=(_check_service, check_rollout_sampling),
 )
 
 

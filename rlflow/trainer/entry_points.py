@@ -25,6 +25,7 @@ from rlflow.config.loading.dtype_guard import ppo_dtype_keys, sft_dtype_keys
 from rlflow.config.loading.entry_point import EntryPoint
 from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.rollout import ROLLOUT_REGISTRY
+from rlflow.rollout.sampling import check_rollout_sampling
 from rlflow.trainer.placement import PLACEMENT_REGISTRY
 from rlflow.trainer.sft_launchers import LAUNCHER_REGISTRY
 
@@ -63,7 +64,7 @@ PPO_ENTRY = EntryPoint(
     engine_mounts=PPO_ENGINE_MOUNTS,
     policy_mounts=("actor.engine",),
     group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
-    checks=(_check_lora_sync,),
+    checks=(_check_lora_sync, check_rollout_sampling),
 )
 
 SFT_ENTRY = EntryPoint(

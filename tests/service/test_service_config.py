@@ -26,7 +26,9 @@ def _prepared(overrides: list[str]) -> object:
      "engine 'torchtitan' has none; use one of ['fsdp', 'fsdp2'"),  # then the LoRA engines plugins registered
     (["service.api_keys=[tml-a]", "service.models.tiny=/x", "+service.prot=1"], "service.prot"),
     (["service.api_keys=[tml-a]", "service.models.tiny=/x", "service.max_sample_batch=0"],
-     "config key 'service.max_sample_batch' must be >= 1"),
+     "config key 'service.max_sample_batch': must be >= 1"),
+    (["service.api_keys=[tml-a]", "service.models.tiny=/x", "service.port=70000"],
+     "config key 'service.port': must be in [1, 65535], got 70000"),
     (["service.api_keys=[tml-a]", "service.models.tiny=/nowhere"], "config key 'service.models': "),
 ])
 def test_config_mistakes_are_one_line(overrides, message):

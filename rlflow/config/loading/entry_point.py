@@ -9,8 +9,9 @@ depends on no driver.
 
 ``EntryPoint.load`` runs every check in one order: plugins first (they may register names), then
 keys and types against the schema (each engine node against its engine's config class), every
-choice value, what the policy engine supports, the timeouts, bf16/fp16 on this CPU, and last the
-entry point's own checks.
+choice value, what the policy engine supports, bf16/fp16 on this CPU, and last the entry point's own
+checks. Numbers, the timeouts among them, are checked against their declared ranges with the keys and
+types (``rlflow.config.ranges``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from rlflow.config.loading.choices import Choice, check_choices
 from rlflow.config.loading.dtype_guard import ComputeDtypeKey, check_half_precision
 from rlflow.config.loading.engine_checks import check_engine_supports, engine_schema_resolver
 from rlflow.config.loading.hydra_entry import compose_hydra_config, run_hydra_entry
-from rlflow.config.loading.timeouts import check_timeouts
 from rlflow.utils.plugins import import_plugins
 
 # Keys naming plugins, in import order: rlflow's, then verl's spelling (merged into the first).
@@ -64,7 +64,6 @@ class EntryPoint:
         check_choices(config, self.choices())
         for mount in self.policy_mounts:
             check_engine_supports(config, mount)
-        check_timeouts(config.trainer.timeouts)
         check_half_precision(config, self.dtype_keys())
         for check in self.checks:
             check(config)

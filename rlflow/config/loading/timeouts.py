@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlflow.config import ConfigError
 from rlflow.workers import CallLimit, GroupTimeouts
 
 TIMEOUTS_KEY = "trainer.timeouts"
@@ -48,14 +47,6 @@ METHOD_PHASES: dict[str, str] = {
 def phase_limit(timeouts: Any, phase: str) -> CallLimit:
     """The ``CallLimit`` of ``phase`` under a ``trainer.timeouts`` node."""
     return CallLimit(float(timeouts[f"{phase}_s"]), phase, f"{TIMEOUTS_KEY}.{phase}_s")
-
-
-def check_timeouts(timeouts: Any) -> None:
-    """Every timeout must be a positive number of seconds (``ConfigError`` naming the key otherwise)."""
-    for phase in PHASES:
-        seconds = timeouts[f"{phase}_s"]
-        if not seconds > 0:
-            raise ConfigError(f"config key '{TIMEOUTS_KEY}.{phase}_s': must be a positive number of seconds, got {seconds}")
 
 
 def group_timeouts(timeouts: Any) -> GroupTimeouts:

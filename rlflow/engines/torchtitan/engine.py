@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -48,6 +48,7 @@ from rlflow.engines.common.models import FORWARD_PREFIX, ForwardModule
 from rlflow.engines.common.module_engine import ModuleEngine
 from rlflow.engines.common.optimizers import clean_param_name
 from rlflow.engines.common.packing import document_causal_mask
+from rlflow.config.ranges import AT_LEAST_1, Ranges
 from rlflow.engines.config import EngineConfig, EngineConfigError
 from rlflow.engines.registry import EngineRegistry
 from rlflow.engines.torchtitan.architectures import AttentionConfig, TitanArchitecture, titan_architecture
@@ -74,11 +75,11 @@ class TorchtitanEngineConfig(EngineConfig):
     defer_grad_reduce: bool = True  # reduce-scatter gradients once per mini-batch, not per micro-batch
     compile: bool = False  # torch.compile each transformer block (GPU-first; see docs/engines.md)
 
+    RANGES: ClassVar[Ranges] = {"tensor_parallel_size": AT_LEAST_1, "logprob_chunk_size": AT_LEAST_1}
+
     def range_checks(self) -> dict[str, bool]:
         return {
             **super().range_checks(),
-            "logprob_chunk_size": self.logprob_chunk_size >= 1,
-            "tensor_parallel_size": self.tensor_parallel_size >= 1,
             "param_dtype": self.param_dtype in _TITAN_PARAM_DTYPES,
             "reduce_dtype": self.reduce_dtype == "float32",
             "fsdp_reshard_after_forward": self.fsdp_reshard_after_forward in _RESHARD_POLICIES,
