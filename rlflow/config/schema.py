@@ -258,9 +258,10 @@ class TimeoutsConfig:
     forward_backward_s: float = 7200.0  # one log-prob/value pass, one actor mini-batch update, one critic update
     sync_s: float = 1800.0  # actor -> rollout weight sync
     save_s: float = 3600.0  # checkpoint save/load and the HF export
+    connect_s: float = 120.0  # joining a cluster (trainer.ray_address, RAY_ADDRESS), and waiting for it to offer the workers' resources
 
     RANGES: ClassVar[Ranges] = {f"{phase}_s": Range(0, low_open=True, note="seconds")
-                                for phase in ("init", "generate", "reward", "forward_backward", "sync", "save")}
+                                for phase in ("init", "generate", "reward", "forward_backward", "sync", "save", "connect")}
 
 
 @dataclass

@@ -26,7 +26,8 @@ from rlflow.config.loading.entry_point import EntryPoint
 from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.rollout import ROLLOUT_REGISTRY
 from rlflow.rollout.sampling import check_rollout_sampling
-from rlflow.trainer.placement import PLACEMENT_REGISTRY
+from rlflow.trainer.local_resources import check_local_cluster_fits
+from rlflow.trainer.placement import PLACEMENT_REGISTRY, processes_per_node
 from rlflow.trainer.sft_launchers import LAUNCHER_REGISTRY
 
 # Where the `engine` group is mounted in each entry point's config.
@@ -44,6 +45,14 @@ def _check_lora_sync(config: DictConfig) -> None:
     if not ROLLOUT_REGISTRY.get(config.rollout.name).takes_lora_adapters:
         raise ConfigError(f"config key 'rollout.lora_sync': the {config.rollout.name} rollout takes merged weights only; "
                           "set rollout.lora_sync=merged or rollout=vllm")
+
+
+def _check_ppo_resources(config: DictConfig) -> None:
+    check_local_cluster_fits(config, processes_per_node)
+
+
+def _check_sft_resources(config: DictConfig) -> None:
+    check_local_cluster_fits(config, lambda sft_config: sft_config.trainer.n_procs_per_node)
 
 
 def _ppo_choices() -> list[Choice]:
@@ -64,7 +73,7 @@ PPO_ENTRY = EntryPoint(
     engine_mounts=PPO_ENGINE_MOUNTS,
     policy_mounts=("actor.engine",),
     group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
-    checks=(_check_lora_sync, check_rollout_sampling),
+    checks=(_check_lora_sync, check_rollout_sampling, _check_ppo_resources),
 )
 
 SFT_ENTRY = EntryPoint(
@@ -75,6 +84,7 @@ SFT_ENTRY = EntryPoint(
     engine_mounts=SFT_ENGINE_MOUNTS,
     policy_mounts=("engine",),
     group_shorthands={"engine": "engine", "data": "sft_data"},  # data=synthetic: rlflow/configs/sft_data/synthetic.yaml
+    checks=(_check_sft_resources,),
 )
 
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from rlflow.config import ConfigError
-from rlflow.config.loading.timeouts import group_timeouts
+from rlflow.config.loading.timeouts import group_timeouts, resource_wait_s
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.errors import UserError
 from rlflow.models.ensure import ensure_model, model_folder
@@ -63,6 +63,7 @@ def launch_ray(config: DictConfig) -> History:
             nnodes=trainer.nnodes,
             cpus_per_proc=trainer.cpus_per_proc,
             device=trainer.device,
+            resource_wait_s=resource_wait_s(trainer),
             name="sft",
         )
         group = RayWorkerGroup(pool, WorkerSpec(SFTWorker, run.engine_config, str(model_path)), name="sft",

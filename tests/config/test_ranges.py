@@ -89,3 +89,4 @@ def test_the_cli_refuses_a_zero_divisor_in_one_line_before_ray(tmp_path):
                         f"trainer.default_local_dir={tmp_path / 'run'}"], ray_dir=tmp_path / "ray")
     assert line == "config key 'actor.ppo_mini_batch_size': must be >= 1, got 0"
     assert not (tmp_path / "run").exists()
+

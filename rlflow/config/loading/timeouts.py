@@ -49,6 +49,12 @@ def phase_limit(timeouts: Any, phase: str) -> CallLimit:
     return CallLimit(float(timeouts[f"{phase}_s"]), phase, f"{TIMEOUTS_KEY}.{phase}_s")
 
 
+def resource_wait_s(trainer: Any) -> float:
+    """How long a resource pool waits for the cluster to offer its bundles: ``connect_s`` when the run joins a cluster
+    (nodes may still be joining it), none on the local cluster the run started (its resources are all there)."""
+    return float(trainer.timeouts.connect_s) if trainer.ray_address else 0.0
+
+
 def group_timeouts(timeouts: Any) -> GroupTimeouts:
     """A worker group's limits: start-up by ``init_s``, each role method by its phase, any other call by the longest."""
     longest = max(float(timeouts[f"{phase}_s"]) for phase in PHASES)
