@@ -24,6 +24,7 @@ from rlflow.config.loading.choices import (
 from rlflow.config.loading.dtype_guard import ppo_dtype_keys, sft_dtype_keys
 from rlflow.config.loading.entry_point import EntryPoint
 from rlflow.config.schema import PPOConfig, SFTConfig
+from rlflow.rewards.custom import check_custom_function
 from rlflow.rollout import ROLLOUT_REGISTRY
 from rlflow.rollout.sampling import check_rollout_sampling
 from rlflow.trainer.local_resources import check_local_cluster_fits
@@ -73,7 +74,7 @@ PPO_ENTRY = EntryPoint(
     engine_mounts=PPO_ENGINE_MOUNTS,
     policy_mounts=("actor.engine",),
     group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
-    checks=(_check_lora_sync, check_rollout_sampling, _check_ppo_resources),
+    checks=(_check_lora_sync, check_rollout_sampling, check_custom_function, _check_ppo_resources),
 )
 
 SFT_ENTRY = EntryPoint(
