@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlflow.engines import BaseEngine, EngineRegistry
 from rlflow.engines.common.checkpoint_reader import read_model_weights
-from rlflow.engines.common.checkpointing import HF_CONFIG_DIR, META_FILE, read_meta, resolve_checkpoint_dir
+from rlflow.engines.common.checkpointing import HF_CONFIG_DIR, META_FILE, resolve_checkpoint_dir
 from rlflow.engines.common.hf_export import EXPORT_MARKER, write_hf_folder, write_peft_adapter_folder
 from rlflow.engines.common.lora import ADAPTER_CONFIG_FILE
 from rlflow.engines.common.lora_export import adapter_tensors
@@ -37,6 +37,7 @@ from rlflow.engines.common.models import MODEL_KINDS
 from rlflow.errors import CheckpointError, UserError
 from rlflow.trainer.checkpoint import DRIVER_STATE, CheckpointManager
 from rlflow.trainer.checkpoint_manifest import manifest_problem
+from rlflow.utils.text_files import read_json
 
 __all__ = ["export_checkpoint", "main"]
 
@@ -123,7 +124,9 @@ def _check_out(out: Path) -> None:
 def export_checkpoint(checkpoint: Path, out: Path, role: Optional[str] = None, model_path: Optional[Path] = None) -> Path:
     """Write the HF folder ``out`` from ``checkpoint`` (see the module doc); returns the engine folder read."""
     folder = _engine_folder(checkpoint, role)
-    meta = read_meta(folder)
+    meta = read_json(folder / META_FILE, CheckpointError, "checkpoint file")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint file {folder / META_FILE}: holds no JSON object; the checkpoint is damaged")
     model_kind = meta.get("model_kind")
     if model_kind not in MODEL_KINDS:
         raise CheckpointError(f"checkpoint {folder}: model kind {model_kind!r} is not one of {sorted(MODEL_KINDS)}")
