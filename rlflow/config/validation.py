@@ -10,7 +10,9 @@ returns the dataclass for that node.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+import typing
+from typing import Any, Callable, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -39,6 +41,24 @@ def _merge_into_schema(schema: type, node: Any, prefix: str) -> DictConfig:
         raise ConfigError(_describe(error, prefix)) from None
     OmegaConf.set_struct(merged, True)
     return merged
+
+
+def check_nodes(cfg: Any, schema: type, prefix: str = "") -> None:
+    """Every key ``schema`` types as a dataclass is a mapping in the raw ``cfg``: not replaced by a value (``trainer=``
+    on the command line) and, at the top level, not deleted (``~actor``); else one ``ConfigError`` line naming it."""
+    hints = typing.get_type_hints(schema)
+    for field in dataclasses.fields(schema):
+        if not dataclasses.is_dataclass(hints[field.name]):
+            continue
+        key = f"{prefix}{field.name}"
+        value = cfg.get(field.name) if isinstance(cfg, Mapping) else None
+        if value is None and not prefix:
+            raise ConfigError(f"config key '{key}': missing (deleted on the command line?); every run needs it: "
+                              f"set the keys under it ({key}.NAME=VALUE) instead")
+        if value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"config key '{key}': holds keys ({key}.NAME=VALUE), not a value; got {value!r}")
+        if value is not None:
+            check_nodes(value, hints[field.name], f"{key}.")
 
 
 def validate_config(

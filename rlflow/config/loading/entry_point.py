@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from rlflow.config import ConfigError, validate_config
+from rlflow.config.validation import check_nodes
 from rlflow.config.loading.choices import Choice, check_choices
 from rlflow.config.loading.dtype_guard import ComputeDtypeKey, check_half_precision
 from rlflow.config.loading.engine_checks import check_engine_supports, engine_schema_resolver
@@ -59,10 +60,14 @@ class EntryPoint:
 
     def load(self, cfg: DictConfig) -> DictConfig:
         """Validate a composed (raw) config of this entry point; raises a ``UserError`` naming the bad key."""
+        check_nodes(cfg, self.schema)
         cfg = import_configured_plugins(cfg)
         config = validate_config(cfg, self.schema, {path: engine_schema_resolver(path) for path in self.engine_mounts})
         check_choices(config, self.choices())
         for mount in self.policy_mounts:
+            if OmegaConf.select(config, mount) is None:
+                raise ConfigError(f"config key '{mount}': missing (deleted on the command line?); the policy needs an "
+                                  f"engine: pick one with {mount}=NAME")
             check_engine_supports(config, mount)
         check_half_precision(config, self.dtype_keys())
         for check in self.checks:
