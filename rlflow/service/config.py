@@ -23,6 +23,7 @@ from rlflow.engines.base import Capability
 from rlflow.engines.registry import EngineRegistry
 from rlflow.rollout.sampling import check_rollout_sampling
 from rlflow.utils.device import DEVICES
+from rlflow.workers.ray_connect import check_cluster_reachable
 
 ENGINE_MOUNTS = ("engine",)
 API_KEY_PREFIX = "tml-"  # the SDK refuses any other key before it sends a request
@@ -87,6 +88,10 @@ def _check_service(config: DictConfig) -> None:
                           f"use one of {lora_engines}")
 
 
+def _check_cluster(config: DictConfig) -> None:
+    check_cluster_reachable(config.trainer)
+
+
 SERVICE_ENTRY = EntryPoint(
     config_name="service",
     schema=ServiceAppConfig,
@@ -95,7 +100,7 @@ SERVICE_ENTRY = EntryPoint(
     engine_mounts=ENGINE_MOUNTS,
     group_shorthands={"engine": "engine"},  # engine=fsdp picks rlflow/configs/engine/fsdp.yaml
     free_form_mappings=("service.models",),  # service.models.NAME=/folder adds a base model
-    checks=(_check_service, check_rollout_sampling),
+    checks=(_check_service, check_rollout_sampling, _check_cluster),
 )
 
 

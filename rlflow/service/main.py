@@ -19,7 +19,7 @@ from rlflow.service.catalogue import BaseModel, load_base_models
 from rlflow.service.config import SERVICE_ENTRY
 from rlflow.service.service import TinkerService
 from rlflow.utils.logging import get_logger
-from rlflow.workers import init_ray, shutdown_ray
+from rlflow.workers import init_cluster, shutdown_ray
 
 logger = get_logger(__name__)
 
@@ -52,8 +52,7 @@ def serve(config: DictConfig) -> None:
     service_config = config.service
     catalogue, work_dir = prepare(config)
     trainer = config.trainer
-    init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir,
-             node_ip_address=trainer.ray_node_ip_address)
+    init_cluster(config.trainer)
     service = TinkerService(config, catalogue, work_dir)
     try:
         logger.info("rlflow service: serving %s at http://%s:%d", sorted(catalogue), service_config.host, service_config.port)

@@ -27,9 +27,10 @@ from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.rewards.custom import check_custom_function
 from rlflow.rollout import ROLLOUT_REGISTRY
 from rlflow.rollout.sampling import check_rollout_sampling
-from rlflow.trainer.local_resources import check_local_cluster_fits
+from rlflow.trainer.cluster_checks import check_local_cluster_fits
 from rlflow.trainer.placement import PLACEMENT_REGISTRY, processes_per_node
 from rlflow.trainer.sft_launchers import LAUNCHER_REGISTRY
+from rlflow.workers.ray_connect import check_cluster_reachable
 
 # Where the `engine` group is mounted in each entry point's config.
 PPO_ENGINE_MOUNTS = ("actor.engine", "critic.engine", "ref.engine", "reward.reward_model.engine")
@@ -48,12 +49,16 @@ def _check_lora_sync(config: DictConfig) -> None:
                           "set rollout.lora_sync=merged or rollout=vllm")
 
 
-def _check_ppo_resources(config: DictConfig) -> None:
+def _check_ppo_cluster(config: DictConfig) -> None:
+    check_cluster_reachable(config.trainer)
     check_local_cluster_fits(config, processes_per_node)
 
 
-def _check_sft_resources(config: DictConfig) -> None:
-    check_local_cluster_fits(config, lambda sft_config: sft_config.trainer.n_procs_per_node)
+def _check_sft_cluster(config: DictConfig) -> None:
+    """Only ``trainer.launcher=ray`` runs a Ray cluster (torchrun's ranks are the processes)."""
+    if config.trainer.launcher == "ray":
+        check_cluster_reachable(config.trainer)
+        check_local_cluster_fits(config, lambda sft_config: sft_config.trainer.n_procs_per_node)
 
 
 def _ppo_choices() -> list[Choice]:
@@ -74,7 +79,7 @@ PPO_ENTRY = EntryPoint(
     engine_mounts=PPO_ENGINE_MOUNTS,
     policy_mounts=("actor.engine",),
     group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
-    checks=(_check_lora_sync, check_rollout_sampling, check_custom_function, _check_ppo_resources),
+    checks=(_check_lora_sync, check_rollout_sampling, check_custom_function, _check_ppo_cluster),
 )
 
 SFT_ENTRY = EntryPoint(
@@ -85,7 +90,7 @@ SFT_ENTRY = EntryPoint(
     engine_mounts=SFT_ENGINE_MOUNTS,
     policy_mounts=("engine",),
     group_shorthands={"engine": "engine", "data": "sft_data"},  # data=synthetic: rlflow/configs/sft_data/synthetic.yaml
-    checks=(_check_sft_resources,),
+    checks=(_check_sft_cluster,),
 )
 
 

@@ -5,7 +5,8 @@
 process the driver started once the driver is gone, even after a SIGKILL (see ``cluster_reaper``).
 ``init_ray(address="auto")`` or ``init_ray(address="10.0.0.1:6379")`` joins one started with
 ``ray start`` under that cluster's own network and auth settings (see docs/multinode.md), with no
-watcher. It never runs ``ray stop``: that would kill every Ray process on the machine, other
+watcher; so does ``RAY_ADDRESS`` when no address is given. Joining is bounded by
+``connect_timeout_s`` (``trainer.timeouts.connect_s``; ``ray_connect``). It never runs ``ray stop``: that would kill every Ray process on the machine, other
 users' included.
 """
 
@@ -19,6 +20,7 @@ import ray
 from rlflow.utils.cpu_heap import ENV_RETAIN_HEAP
 from rlflow.utils.logging import get_logger
 from rlflow.workers.cluster_reaper import ClusterReaper
+from rlflow.workers.ray_connect import connect_deadline, join_address, probe_cluster
 from rlflow.workers.ray_security import LOOPBACK, ClusterAuth, node_ip_scope
 
 logger = get_logger(__name__)
@@ -39,6 +41,7 @@ def init_ray(
     temp_dir: str | None = None,
     object_store_memory: int | None = None,
     node_ip_address: Optional[str] = LOOPBACK,
+    connect_timeout_s: float = 120.0,
     **ray_init_kwargs: Any,
 ) -> None:
     """Connect this process to Ray, starting a local cluster when ``address`` is None.
@@ -48,6 +51,10 @@ def init_ray(
     all interfaces), requires a token (a fresh one, unless ``RAY_AUTH_MODE`` is set), runs no
     dashboard, and keeps its sockets and logs in ``temp_dir`` (keep the path short: Ray's socket
     paths must stay under 108 characters). Calling it again while connected is a no-op.
+
+    ``address`` None with ``RAY_ADDRESS`` set joins that cluster. Joining waits at most
+    ``connect_timeout_s`` and fails with one line naming the address (``RayConnectError``, or an exit
+    with status 2 if ``ray.init`` itself hangs); a SIGTERM while joining ends the process at once.
     """
     global _reaper
     if ray.is_initialized():
@@ -55,7 +62,8 @@ def init_ray(
     runtime_env = dict(ray_init_kwargs.pop("runtime_env", None) or {})
     passed = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
     runtime_env["env_vars"] = {**_WORKER_ENV, **passed, **runtime_env.get("env_vars", {})}
-    if address is None:
+    joined = join_address(address)
+    if joined is None:
         if temp_dir is not None and len(temp_dir) + _SOCKET_SUFFIX_CHARS > _MAX_SOCKET_PATH:
             raise ValueError(
                 f"temp_dir {temp_dir!r} is {len(temp_dir)} characters; Ray adds about {_SOCKET_SUFFIX_CHARS} for its "
@@ -80,8 +88,17 @@ def init_ray(
             _AUTH.restore()
             raise
     else:
-        ray.init(address=address, runtime_env=runtime_env, **ray_init_kwargs)
+        probe_cluster(joined, connect_timeout_s)
+        with connect_deadline(joined, connect_timeout_s):
+            ray.init(address=joined, runtime_env=runtime_env, **ray_init_kwargs)
     logger.info("ray connected: %s", {k: v for k, v in ray.cluster_resources().items() if "node:" not in k})
+
+
+def init_cluster(trainer: Any) -> None:
+    """``init_ray`` with a run's ``trainer`` settings: ``ray_address``, ``ray_num_cpus``, ``ray_temp_dir``,
+    ``ray_node_ip_address`` and ``timeouts.connect_s``."""
+    init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir,
+             node_ip_address=trainer.ray_node_ip_address, connect_timeout_s=float(trainer.timeouts.connect_s))
 
 
 def shutdown_ray() -> None:

@@ -1,11 +1,12 @@
-"""What a run asks of a local Ray cluster, compared with what this machine gives it, before Ray starts.
+"""The cluster a run asks for, checked before Ray starts: a local one big enough, a joined one reachable.
 
 A run without ``trainer.ray_address`` starts a one-node Ray cluster with ``trainer.ray_num_cpus``
 CPUs (null: the CPUs this process may use, as Ray counts them) and this machine's visible GPUs. Each
 worker process reserves ``trainer.cpus_per_proc`` CPUs and, on CUDA, one GPU; a request the
 cluster cannot hold would otherwise wait in Ray's scheduler or fail after the cluster started. A
 run that joins a cluster is checked by the resource pools themselves, which wait for the
-cluster's resources at most ``trainer.timeouts.connect_s`` (``rlflow.workers.resource_pool``).
+cluster's resources at most ``trainer.timeouts.connect_s`` (``rlflow.workers.resource_pool``); its
+head must answer first (``rlflow.workers.ray_connect.check_cluster_reachable``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from omegaconf import OmegaConf
 from ray._private.utils import get_num_cpus
 
 from rlflow.config import ConfigError
 from rlflow.utils.device import resolve_device_type
+from rlflow.workers.ray_connect import join_address
 
 _EPS = 1e-9
 
@@ -37,10 +38,10 @@ def check_local_cluster_fits(config: Any, processes_per_node: ProcessCount) -> N
     """Raise a one-line ``ConfigError`` when the worker processes of a local-cluster run cannot all be placed.
 
     ``processes_per_node(config)`` is how many worker processes the run starts (its pools together).
-    Runs that join a cluster (``trainer.ray_address``) or run without Ray are not checked here.
+    Runs that join a cluster (``trainer.ray_address``, ``RAY_ADDRESS``) are not checked here.
     """
     trainer = config.trainer
-    if trainer.ray_address is not None or OmegaConf.select(config, "trainer.launcher", default="ray") != "ray":
+    if join_address(trainer.ray_address) is not None:
         return
     if trainer.nnodes > 1:
         raise ConfigError(f"config key 'trainer.nnodes': {trainer.nnodes} nodes need a Ray cluster of that many; the local "
