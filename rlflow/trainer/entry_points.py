@@ -29,6 +29,7 @@ from rlflow.rollout import ROLLOUT_REGISTRY
 from rlflow.rollout.sampling import check_rollout_sampling
 from rlflow.trainer.cluster_checks import check_local_cluster_fits
 from rlflow.trainer.placement import PLACEMENT_REGISTRY, processes_per_node
+from rlflow.trainer.run_intent import check_run_intent
 from rlflow.trainer.sft_launchers import LAUNCHER_REGISTRY
 from rlflow.workers.ray_connect import check_cluster_reachable
 
@@ -79,7 +80,7 @@ PPO_ENTRY = EntryPoint(
     engine_mounts=PPO_ENGINE_MOUNTS,
     policy_mounts=("actor.engine",),
     group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
-    checks=(_check_lora_sync, check_rollout_sampling, check_custom_function, _check_ppo_cluster),
+    checks=(_check_lora_sync, check_rollout_sampling, check_custom_function, check_run_intent, _check_ppo_cluster),
 )
 
 SFT_ENTRY = EntryPoint(
@@ -90,7 +91,7 @@ SFT_ENTRY = EntryPoint(
     engine_mounts=SFT_ENGINE_MOUNTS,
     policy_mounts=("engine",),
     group_shorthands={"engine": "engine", "data": "sft_data"},  # data=synthetic: rlflow/configs/sft_data/synthetic.yaml
-    checks=(_check_sft_cluster,),
+    checks=(check_run_intent, _check_sft_cluster),
 )
 
 

@@ -12,7 +12,7 @@
   missing, empty, or holds an rlflow export (``hf_export.EXPORT_MARKER``); a user's folder is
   refused here.
 * **resume**: the checkpoint ``trainer.resume_mode`` picks is checked now (loadable, same math:
-  ``fingerprint``), so a refused resume costs no cluster start.
+  ``fingerprint``, same model architecture: ``run_intent``), so a refused resume costs no cluster start.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from typing import Any, Optional
 
 from rlflow.engines.common.hf_export import EXPORT_MARKER
 from rlflow.errors import UserError
+from rlflow.models.ensure import model_folder
 from rlflow.trainer.checkpoint import CheckpointManager
+from rlflow.trainer.run_intent import check_same_architecture
 
 LOCK_FILE = ".rlflow.lock"
 
@@ -133,7 +135,9 @@ def open_run_folder(config: Any) -> RunLock:
                                  f"({os.strerror(error.errno)}); use a local or NFSv4 folder") from None
         raise
     try:
-        CheckpointManager.for_run(config).resolve(trainer.resume_mode, trainer.resume_from_path)
+        checkpoint = CheckpointManager.for_run(config).resolve(trainer.resume_mode, trainer.resume_from_path)
+        if checkpoint is not None:
+            check_same_architecture(checkpoint, model_folder(config.model))
     except BaseException:
         lock.release()
         raise
