@@ -19,6 +19,7 @@ from rlflow.service.catalogue import BaseModel, load_base_models
 from rlflow.service.config import SERVICE_ENTRY
 from rlflow.service.service import TinkerService
 from rlflow.utils.logging import get_logger
+from rlflow.utils.output_paths import check_output_folder
 from rlflow.workers import init_cluster, shutdown_ray
 
 logger = get_logger(__name__)
@@ -42,7 +43,7 @@ def prepare(config: DictConfig) -> tuple[dict[str, BaseModel], Path]:
     except (FileNotFoundError, ValueError) as error:
         raise UserError(f"config key 'service.models': {error}") from None
     _check_port(service_config.host, int(service_config.port))
-    work_dir = Path(service_config.checkpoint_dir).resolve()
+    work_dir = check_output_folder(service_config.checkpoint_dir, "config key 'service.checkpoint_dir':").resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     return catalogue, work_dir
 

@@ -103,6 +103,15 @@ def test_bad_input_is_one_line_and_exit_2(two_rank: Path, tmp_path: Path, capsys
     assert "--model-path" in _one_line_error(capsys)
 
 
+def test_out_is_checked_before_the_checkpoint_is_read(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "a_file").write_text("mine")
+    assert main([str(tmp_path / "no_checkpoint"), str(tmp_path / "a_file")]) == 2
+    assert f"OUT {tmp_path / 'a_file'} is a file; name a folder" in _one_line_error(capsys)
+    assert main([str(tmp_path / "no_checkpoint"), str(tmp_path / "a_file" / "hf")]) == 2
+    assert "is a file, so the path cannot be created" in _one_line_error(capsys)
+    assert (tmp_path / "a_file").read_text() == "mine"
+
+
 def test_a_corrupt_engine_meta_is_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()

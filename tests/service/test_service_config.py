@@ -45,6 +45,17 @@ def test_a_port_in_use_is_one_line(tiny_model, tmp_path):
     assert f"config key 'service.port': cannot listen on 127.0.0.1:{port}" in message
 
 
+def test_a_checkpoint_dir_that_is_a_file_is_one_line(tiny_model, tmp_path):
+    (tmp_path / "a_file").write_text("mine")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    message = one_line_error(_prepared, ["service.api_keys=[tml-a]", f"service.models.tiny={tiny_model}",
+                                         f"service.port={port}", f"service.checkpoint_dir={tmp_path / 'a_file'}"])
+    assert message == f"config key 'service.checkpoint_dir': {tmp_path / 'a_file'} is a file; name a folder"
+    assert (tmp_path / "a_file").read_text() == "mine"
+
+
 def test_the_command_exits_2_with_one_line_before_ray_starts(tmp_path):
     result = subprocess.run([sys.executable, "-m", "rlflow.service", "service.api_keys=[tml-a]", "service.models.tiny=/nowhere",
                              f"service.checkpoint_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
