@@ -11,6 +11,9 @@
 * **export folder**: ``trainer.export_hf_dir`` is replaced at the end of the run only if it is
   missing, empty, or holds an rlflow export (``hf_export.EXPORT_MARKER``); a user's folder is
   refused here.
+* **nothing left behind**: the folders these checks created are removed again when the lock is
+  released while they hold nothing but the lock file (a run that failed before it wrote anything,
+  e.g. on a bad data file or model folder found after the lock was taken).
 * **resume**: the checkpoint ``trainer.resume_mode`` picks is checked now (loadable, same math:
   ``fingerprint``, same model architecture: ``run_intent``), so a refused resume costs no cluster start.
 """
@@ -39,10 +42,15 @@ class RunFolderError(UserError):
 
 
 class RunLock:
-    """An exclusive ``flock`` on ``<folder>/.rlflow.lock``, held until ``release()`` or process exit."""
+    """An exclusive ``flock`` on ``<folder>/.rlflow.lock``, held until ``release()`` or process exit.
 
-    def __init__(self, folder: str | Path):
+    ``created``: folders the start-up checks created for this run; ``release`` removes each one that
+    holds nothing (the run folder: nothing but the lock file), deepest first.
+    """
+
+    def __init__(self, folder: str | Path, created: tuple[Path, ...] = ()):
         self.path = Path(folder) / LOCK_FILE
+        self.created = created
         self._fd: Optional[int] = None
 
     def acquire(self) -> "RunLock":
@@ -63,16 +71,33 @@ class RunLock:
         return self
 
     def release(self) -> None:
-        """Drop the lock (the file stays; a stale file locks nothing)."""
+        """Drop the lock (the file stays, a stale file locks nothing, unless the run wrote nothing else into a folder
+        it created: then the lock file and the empty folders go)."""
         if self._fd is not None:
+            self._remove_unused_folders()
             os.close(self._fd)
             self._fd = None
+
+    def _remove_unused_folders(self) -> None:
+        folder = self.path.parent
+        if folder in self.created and [entry.name for entry in folder.iterdir()] == [LOCK_FILE]:
+            self.path.unlink()  # still locked: a run starting now finds the folder gone or takes a fresh lock
+        remove_empty_folders(self.created)
 
     def __enter__(self) -> "RunLock":
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.release()
+
+
+def remove_empty_folders(folders: tuple[Path, ...]) -> None:
+    """Remove each of ``folders`` that is empty, deepest first (the others hold what a run wrote: they stay)."""
+    for folder in sorted(folders, key=lambda path: len(path.parts), reverse=True):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, or gone
+            continue
 
 
 def _read_holder(fd: int) -> dict[str, Any]:
@@ -82,9 +107,11 @@ def _read_holder(fd: int) -> dict[str, Any]:
         return {}
 
 
-def check_writable(folder: str | Path, key: str) -> None:
-    """Create ``folder`` if needed and write a probe file into it; RunFolderError naming ``key`` if that fails."""
+def check_writable(folder: str | Path, key: str) -> tuple[Path, ...]:
+    """Create ``folder`` if needed and write a probe file into it; RunFolderError naming ``key`` if that fails.
+    Returns the folders it created (``folder`` and missing parents)."""
     path = Path(folder)
+    created = tuple(parent for parent in (path, *path.parents) if not parent.exists())
     probe = path / f".rlflow-write-test-{os.getpid()}"
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -94,21 +121,23 @@ def check_writable(folder: str | Path, key: str) -> None:
         reason = os.strerror(error.errno) if error.errno else str(error)
         raise RunFolderError(f"config key '{key}': {path} is not writable ({reason}); "
                              f"fix its permissions or point {key} elsewhere") from None
+    return created
 
 
 def is_rlflow_export(folder: Path) -> bool:
     return (folder / EXPORT_MARKER).is_file()
 
 
-def check_export_dir(folder: str | Path, key: str = "trainer.export_hf_dir") -> None:
-    """Refuse an export folder rlflow would have to delete although rlflow did not write it."""
+def check_export_dir(folder: str | Path, key: str = "trainer.export_hf_dir") -> tuple[Path, ...]:
+    """Refuse an export folder rlflow would have to delete although rlflow did not write it; returns the folders
+    ``check_writable`` created for its parent."""
     path = Path(folder)
     if path.is_file():
         raise RunFolderError(f"config key '{key}': {path} is a file; name a folder for the HF export")
     if path.is_dir() and any(path.iterdir()) and not is_rlflow_export(path):
         raise RunFolderError(f"config key '{key}': {path} holds files rlflow did not export (no {EXPORT_MARKER}); "
                              f"the export replaces the folder, so name an empty or new folder")
-    check_writable(path.parent, key)
+    return check_writable(path.parent, key)
 
 
 def export_dir(trainer_config: Any) -> Path:
@@ -123,16 +152,20 @@ def open_run_folder(config: Any) -> RunLock:
     """
     trainer = config.trainer
     folder = Path(trainer.default_local_dir)
-    check_writable(folder, "trainer.default_local_dir")
-    check_export_dir(export_dir(trainer))
-    if trainer.export_lora_adapter_dir:
-        check_export_dir(trainer.export_lora_adapter_dir, "trainer.export_lora_adapter_dir")
+    created = check_writable(folder, "trainer.default_local_dir")
     try:
-        lock = RunLock(folder).acquire()
+        created += check_export_dir(export_dir(trainer))
+        if trainer.export_lora_adapter_dir:
+            created += check_export_dir(trainer.export_lora_adapter_dir, "trainer.export_lora_adapter_dir")
+        lock = RunLock(folder, created).acquire()
     except OSError as error:
+        remove_empty_folders(created)
         if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP):
             raise RunFolderError(f"trainer.default_local_dir {folder}: the file system does not support locks "
                                  f"({os.strerror(error.errno)}); use a local or NFSv4 folder") from None
+        raise
+    except BaseException:
+        remove_empty_folders(created)
         raise
     try:
         checkpoint = CheckpointManager.for_run(config).resolve(trainer.resume_mode, trainer.resume_from_path)

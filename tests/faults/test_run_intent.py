@@ -60,3 +60,19 @@ def test_the_cli_refuses_resume_from_path_without_its_mode_before_ray(tmp_path):
                        ray_dir=tmp_path / "ray")
     assert line.startswith("config key 'trainer.resume_from_path': set, but trainer.resume_mode=auto does not read it"), line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_that_wrote_nothing_leaves_no_folder_behind(tmp_path):
+    """The run folder and the export folder's parent, created by the start-up checks, go again when the run ends
+    before writing anything; a folder that existed before, or holds what the run wrote, stays."""
+    overrides = [f"trainer.default_local_dir={tmp_path / 'new' / 'run'}", f"trainer.export_hf_dir={tmp_path / 'exports' / 'hf'}"]
+    open_run_folder(compose_ppo_config(overrides)).release()
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+    lock = open_run_folder(compose_ppo_config(overrides))
+    (tmp_path / "new" / "run" / "metrics.jsonl").write_text("{}\n")
+    lock.release()
+    assert sorted(path.name for path in (tmp_path / "new" / "run").iterdir()) == [".rlflow.lock", "metrics.jsonl"]
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    open_run_folder(compose_ppo_config([f"trainer.default_local_dir={existing}"])).release()
+    assert existing.is_dir()

@@ -86,3 +86,4 @@ def test_main_ppo_refuses_truncated_weights_before_ray(damaged, tmp_path):
                         f"trainer.ray_temp_dir={tmp_path / 'ray'}", f"trainer.default_local_dir={tmp_path / 'run'}"],
                        ray_dir=tmp_path / "ray")
     assert line.startswith(f"model.path: {folder / 'model.safetensors'}: cut short at byte "), line
+    assert not (tmp_path / "run").exists(), "the run folder (created with its lock before the model check) is removed"
