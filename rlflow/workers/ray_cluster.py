@@ -21,7 +21,7 @@ from rlflow.utils.cpu_heap import ENV_RETAIN_HEAP
 from rlflow.utils.logging import get_logger
 from rlflow.workers.cluster_reaper import ClusterReaper
 from rlflow.workers.ray_connect import connect_deadline, join_address, probe_cluster
-from rlflow.workers.ray_security import LOOPBACK, ClusterAuth, node_ip_scope
+from rlflow.workers.ray_security import LOOPBACK, ClusterAuth, loopback_worker_env, node_ip_scope
 
 logger = get_logger(__name__)
 
@@ -64,6 +64,7 @@ def init_ray(
     runtime_env["env_vars"] = {**_WORKER_ENV, **passed, **runtime_env.get("env_vars", {})}
     joined = join_address(address)
     if joined is None:
+        runtime_env["env_vars"] = {**loopback_worker_env(node_ip_address), **runtime_env["env_vars"]}
         if temp_dir is not None and len(temp_dir) + _SOCKET_SUFFIX_CHARS > _MAX_SOCKET_PATH:
             raise ValueError(
                 f"temp_dir {temp_dir!r} is {len(temp_dir)} characters; Ray adds about {_SOCKET_SUFFIX_CHARS} for its "

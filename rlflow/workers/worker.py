@@ -68,6 +68,21 @@ class WorkerContext:
         )
 
 
+def rendezvous_store(ctx: WorkerContext) -> dist.TCPStore:
+    """The group's ``TCPStore`` at ``master_addr:master_port``: rank 0 serves it, the others connect.
+
+    torch's own ``tcp://`` rendezvous serves the store on every interface (``::``); rank 0 here binds the
+    listening socket to ``master_addr`` itself (loopback for a local cluster) and hands it to the store.
+    """
+    timeout = timedelta(seconds=ctx.dist_timeout_s)
+    if ctx.rank != 0:
+        return dist.TCPStore(ctx.master_addr, ctx.master_port, ctx.world_size, is_master=False, timeout=timeout)
+    family = socket.getaddrinfo(ctx.master_addr, ctx.master_port, type=socket.SOCK_STREAM)[0][0]
+    listener = socket.create_server((ctx.master_addr, ctx.master_port), family=family, backlog=max(128, ctx.world_size))
+    return dist.TCPStore(ctx.master_addr, ctx.master_port, ctx.world_size, is_master=True, timeout=timeout,
+                         wait_for_workers=False, master_listen_fd=listener.detach())
+
+
 def setup_worker_process(ctx: WorkerContext) -> torch.device:
     """Threads, device and the default torch.distributed group for this process (idempotent).
 
@@ -81,7 +96,7 @@ def setup_worker_process(ctx: WorkerContext) -> torch.device:
     if not dist.is_initialized():
         dist.init_process_group(
             backend=dist_backend_for(ctx.device_type),
-            init_method=f"tcp://{ctx.master_addr}:{ctx.master_port}",
+            store=rendezvous_store(ctx),
             rank=ctx.rank,
             world_size=ctx.world_size,
             timeout=timedelta(seconds=ctx.dist_timeout_s),
