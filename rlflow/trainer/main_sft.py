@@ -12,6 +12,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from rlflow.trainer.entry_points import SFT_ENTRY
+from rlflow.trainer.run_folder import route_worker_logs
 from rlflow.trainer.sft_launchers import LAUNCHER_REGISTRY, History
 
 
@@ -26,7 +27,7 @@ def run_sft(config: DictConfig) -> History:
 
 
 def main() -> None:
-    SFT_ENTRY.run(launch)
+    SFT_ENTRY.run(lambda config: launch(route_worker_logs(config)))
 
 
 if __name__ == "__main__":

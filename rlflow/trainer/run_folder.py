@@ -31,6 +31,7 @@ from typing import Any, Optional
 from rlflow.engines.common.hf_export import EXPORT_MARKER
 from rlflow.errors import UserError
 from rlflow.models.ensure import model_folder
+from rlflow.utils.log_routing import worker_log_env
 from rlflow.trainer.checkpoint import CheckpointManager
 from rlflow.trainer.run_intent import check_same_architecture
 
@@ -143,6 +144,14 @@ def check_export_dir(folder: str | Path, key: str = "trainer.export_hf_dir") -> 
 def export_dir(trainer_config: Any) -> Path:
     """Where the final HF export goes: ``trainer.export_hf_dir`` or ``<default_local_dir>/hf``."""
     return Path(trainer_config.export_hf_dir or Path(trainer_config.default_local_dir) / "hf")
+
+
+def route_worker_logs(config: Any) -> Any:
+    """Have this run's workers write their libraries' log lines under ``<default_local_dir>/logs`` (``RLFLOW_LOG_DIR``,
+    which ``init_ray`` passes on; ``rlflow.utils.log_routing``); returns ``config``. For the command-line entry
+    points: it sets this process's environment."""
+    os.environ.update(worker_log_env(config.trainer.default_local_dir))
+    return config
 
 
 def open_run_folder(config: Any) -> RunLock:

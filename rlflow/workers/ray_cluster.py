@@ -18,6 +18,7 @@ from typing import Any, Optional
 import ray
 
 from rlflow.utils.cpu_heap import ENV_RETAIN_HEAP
+from rlflow.utils.log_routing import ENV_CONSOLE_LEVEL, ENV_LOG_DIR, LIBRARY_ENV, console_level
 from rlflow.utils.logging import get_logger
 from rlflow.workers.cluster_reaper import ClusterReaper
 from rlflow.workers.ray_connect import connect_deadline, join_address, probe_cluster
@@ -29,8 +30,8 @@ logger = get_logger(__name__)
 # "/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store" and the AF_UNIX path limit.
 _SOCKET_SUFFIX_CHARS = 64
 _MAX_SOCKET_PATH = 107
-_WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-_PASSED_ENV = (ENV_RETAIN_HEAP,)  # the driver's setting reaches workers on other nodes too
+_WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **LIBRARY_ENV}
+_PASSED_ENV = (ENV_RETAIN_HEAP, ENV_LOG_DIR, ENV_CONSOLE_LEVEL)  # the driver's settings reach workers on other nodes too
 _AUTH = ClusterAuth()
 _reaper: Optional[ClusterReaper] = None  # the watcher started with the local cluster of this process
 
@@ -72,6 +73,7 @@ def init_ray(
                 "tempfile.mkdtemp(prefix='r', dir='/tmp')"
             )
         ray_init_kwargs.setdefault("include_dashboard", False)
+        ray_init_kwargs.setdefault("logging_level", console_level())  # Ray's INFO lines ("Started a local Ray instance")
         _AUTH.enable()
         _reaper = ClusterReaper()
         try:

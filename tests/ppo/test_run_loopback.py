@@ -1,4 +1,5 @@
-"""Every listening socket of every process a GRPO run with vLLM starts is on loopback, at 1 and 2 workers.
+"""Every listening socket of every process a GRPO run with vLLM starts is on loopback, at 1 and 2 workers; and the
+run's console holds no library INFO lines (they are in the run folder's ``logs/``).
 
 The run is ``main_ppo`` as users start it (a local cluster, the fsdp2 actor, the in-process vLLM rollout);
 meanwhile its process tree and every process naming its Ray session folder are scanned for listening TCP
@@ -20,6 +21,7 @@ from conftest import REPO, base_overrides
 from listening_sockets import is_loopback, listeners, session_processes
 
 SCAN_INTERVAL_S = 0.5
+MAX_CONSOLE_LINES = 40  # a one-step run: rlflow's lines, the progress bar, what the libraries print outside logging
 
 
 @pytest.mark.full
@@ -49,3 +51,11 @@ def test_every_socket_of_a_grpo_run_with_vllm_is_on_loopback(tiny_model, additio
     assert len(hosts) == workers, seen
     exposed = [entry for entry in seen.values() if not is_loopback(entry["ip"])]
     assert not exposed, f"listening beyond loopback: {exposed}"
+
+    # The same run's console: the libraries' INFO lines went to the run folder's logs/, not to the console.
+    console = log.read_text().split("\n")  # terminal lines (a progress bar's \r updates stay on one)
+    assert len(console) <= MAX_CONSOLE_LINES, "\n".join(console)  # 18 measured at 2 workers; vLLM's INFO lines were >100
+    assert not any("Failed to load weights" in line for line in console)
+    assert not any(" INFO " in line and "vllm" in line for line in console), "vLLM INFO lines reached the console"
+    worker_logs = sorted((tmp_path / "run" / "logs").glob("worker-*.log"))
+    assert len(worker_logs) == workers and all(" I [vllm." in path.read_text() for path in worker_logs), worker_logs
