@@ -10,11 +10,13 @@ number is known.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ray._private.services import resolve_ip_for_localhost
 from one_line_errors import one_line_error
 from cpuinfo_samples import AMX_SAPPHIRE_RAPIDS, AVX2_EPYC, AVX512_BF16_COOPER_LAKE
 
@@ -89,8 +91,12 @@ def test_an_engines_own_device_decides_for_its_keys(avx2_cpu):
     assert message.startswith("config key 'ref.engine.dtype'"), message
 
 
-def test_joining_a_cluster_with_auto_device_is_not_judged_by_this_cpu(avx2_cpu):
-    compose_ppo_config([*_all_half(PPO_KEYS), "trainer.ray_address=auto"])
+def test_joining_a_cluster_with_auto_device_is_not_judged_by_this_cpu(avx2_cpu, monkeypatch):
+    with socket.socket() as head:  # config loading checks that the cluster's head answers: one that listens
+        head.bind((resolve_ip_for_localhost("127.0.0.1"), 0))
+        head.listen()
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{head.getsockname()[1]}")  # what trainer.ray_address=auto finds
+        compose_ppo_config([*_all_half(PPO_KEYS), "trainer.ray_address=auto"])
 
 
 def test_native_cpus_pass_and_fp16_needs_its_own_instructions(monkeypatch):
