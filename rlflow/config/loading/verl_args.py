@@ -98,7 +98,10 @@ VERL_DEFAULTS: dict[str, dict[str, Default]] = {
 
 
 def count_rows(files: Any) -> Optional[int]:
-    """The rows of the data files ``files`` (one or a list; parquet or JSON lines), or None if any cannot be read."""
+    """The rows of the data files ``files`` (one or a list; parquet or JSON lines), or None if any cannot be read
+    (or none is named)."""
+    if files is None:
+        return None
     try:
         paths = resolve_files(list(files) if isinstance(files, (list, tuple)) else [files])
         return sum(pq.read_metadata(path).num_rows if Path(path).suffix == ".parquet"
