@@ -45,6 +45,7 @@ CONSOLE_SCRIPTS = [
     "rlflow-data = rlflow.data.cli:main",
     "rlflow-export = rlflow.trainer.export_checkpoint:main",
     "rlflow-service = rlflow.service.main:main",
+    "rlflow-from-verl = rlflow.trainer.from_verl:main",
 ]
 
 setup(

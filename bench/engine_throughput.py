@@ -12,7 +12,7 @@ and each engine's ratio to the plain loop (target >= 0.9).
 ``--param-dtype bfloat16`` is bf16 compute with fp32 master weights: the engines' mixed precision
 against the plain loop under ``torch.autocast`` (only engines with ``Capability.MIXED_PRECISION``).
 
-The engines are every registered one (``EngineRegistry.names()``) unless ``--engines`` names some,
+The engines are every registered one (``ENGINE_REGISTRY.names()``) unless ``--engines`` names some,
 plus the registered engines' switches that exist for speed (``VARIANTS``: fsdp2's per-layer and
 torchtitan's per-block ``torch.compile``), each its own contender.
 """
@@ -30,7 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlflow.data.tasks.corpus import tokenizer_corpus
-from rlflow.engines import EngineRegistry, build_engine
+from rlflow.engines import ENGINE_REGISTRY, build_engine
 from rlflow.engines.base import Capability
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps-per-round", type=int, default=3)
-    parser.add_argument("--engines", nargs="*", default=EngineRegistry.names(), help="default: every registered engine")
+    parser.add_argument("--engines", nargs="*", default=ENGINE_REGISTRY.names(), help="default: every registered engine")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (then a one-rank NCCL group)")
     parser.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
     parser.add_argument("--no-variants", action="store_true", help="leave out VARIANTS (e.g. torchtitan+compile)")
@@ -112,7 +112,7 @@ def main() -> None:
     limit_cpu_threads(1)
     common = {"device": args.device, "param_dtype": args.param_dtype}
     engines = [name for name in args.engines if args.param_dtype == "float32"
-               or Capability.MIXED_PRECISION in EngineRegistry.get(name).capabilities]
+               or Capability.MIXED_PRECISION in ENGINE_REGISTRY.get(name).capabilities]
     variants = {} if args.no_variants else VARIANTS
     synchronize = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
     with tempfile.TemporaryDirectory() as tmp:

@@ -32,8 +32,7 @@ args=(
   data.train_batch_size=1024                    # prompts per step, split over NNODES x PROCS_PER_NODE ranks
   rollout.n=5
   rollout.dtype=bfloat16
-  rollout.kv_cache_space_gb=null                # GPU: size the KV cache by gpu_memory_utilization
-  rollout.gpu_memory_utilization=0.5
+  rollout.gpu_memory_utilization=0.5            # GPU: the KV cache is half the memory free once the actor is loaded
   actor.ppo_mini_batch_size=256
   actor.use_kl_loss=true actor.kl_loss_coef=0.001 actor.kl_loss_type=low_var_kl
   actor.engine.optimizer.lr=1e-6

@@ -2,7 +2,7 @@
 # SFT engine smoke and parity: the same 5-step SFT job on every registered engine at world
 # size 1 and 2 (plain torchrun, no Ray), then every loss curve is compared step by step
 # with the first engine's at world size 1 (fp32: 1e-4 relative per step; docs/sft.md).
-# A new engine joins by being registered (rlflow.engines.EngineRegistry) with its
+# A new engine joins by being registered (rlflow.engines.ENGINE_REGISTRY) with its
 # rlflow/configs/engine/<name>.yaml; nothing here changes.
 #
 #   bash recipes/sft_engine_smoke.sh [OUT_DIR]        (default: outputs/sft_engine_smoke)
@@ -14,7 +14,7 @@ PY=${PY:-.venv/bin/python}
 OUT=${1:-outputs/sft_engine_smoke}
 STEPS=${STEPS:-5}
 WORLD_SIZES=${WORLD_SIZES:-"1 2"}
-ENGINES=${ENGINES:-$($PY -c "from rlflow.engines import EngineRegistry; print(' '.join(EngineRegistry.names()))")}
+ENGINES=${ENGINES:-$($PY -c "from rlflow.engines import ENGINE_REGISTRY; print(' '.join(ENGINE_REGISTRY.names()))")}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 $PY -m rlflow.data.presets --out "$OUT/model" --preset tiny --seed 0

@@ -147,8 +147,8 @@ class RolloutConfig:
     max_num_seqs: int = 256
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
-    kv_cache_space_gb: Optional[float] = 1.0  # vLLM KV cache; null: gpu_memory_utilization decides (GPU only)
-    gpu_memory_utilization: float = 0.5
+    kv_cache_space_gb: Optional[float] = 1.0  # vLLM KV cache in GiB (unused when gpu_memory_utilization is set)
+    gpu_memory_utilization: Optional[float] = None  # GPU only: KV cache = this fraction of free device memory
     tensor_parallel_size: int = 1
     free_cache_engine: bool = True  # sleep/wake between phases when colocated on GPU
     weight_sync_bucket_mb: int = 64

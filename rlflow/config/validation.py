@@ -5,13 +5,23 @@ structured schema. A misspelled key or a value of the wrong type then fails at
 start-up with the full key name. Sub-trees whose schema depends on a value (an
 engine's options depend on ``engine.name``) are validated by a resolver that
 returns the dataclass for that node.
+
+verl's single-value forms are taken where verl takes them: a single value where the schema wants a
+list of strings (``data.train_files=path``, ``trainer.logger=console``,
+``lora.target_modules=all-linear``) is a one-item list. A single value where the schema wants any
+other list, or a mapping, is one ``ConfigError`` line naming the form to write, never OmegaConf's
+type error.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import copy
+import dataclasses
+import types
+import typing
+from typing import Any, Callable, Union
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlflow.errors import UserError
@@ -30,7 +40,40 @@ def _describe(error: OmegaConfBaseException, prefix: str) -> str:
     return f"config key '{full_key}': {message}" if full_key else f"config error: {message}"
 
 
+def _unwrap_optional(kind: Any) -> Any:
+    """``Optional[X]`` -> ``X``; any other type as it is."""
+    if typing.get_origin(kind) in (Union, types.UnionType):
+        others = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+        return others[0] if len(others) == 1 else kind
+    return kind
+
+
+def _single_value_forms(schema: type, node: DictConfig, prefix: str) -> None:
+    """Rewrite ``node`` in place: a single value under a list-of-strings field becomes a one-item list;
+    under any other list or mapping field it is a ``ConfigError`` naming the form (see the module doc)."""
+    hints = typing.get_type_hints(schema)
+    for spec in dataclasses.fields(schema):
+        if spec.name not in node or OmegaConf.is_interpolation(node, spec.name):
+            continue
+        value, kind = node[spec.name], _unwrap_optional(hints[spec.name])
+        key = f"{prefix}.{spec.name}" if prefix else spec.name
+        origin = typing.get_origin(kind)
+        if dataclasses.is_dataclass(kind) and isinstance(value, DictConfig):
+            _single_value_forms(kind, value, key)
+        elif value is None or isinstance(value, (DictConfig, ListConfig)):
+            continue
+        elif origin is list and typing.get_args(kind) == (str,):
+            node[spec.name] = [value]
+        elif origin is list:
+            raise ConfigError(f"config key '{key}': expected a list, got the single value {value!r}; write {key}=[a,b]")
+        elif origin is dict:
+            raise ConfigError(f"config key '{key}': expected a mapping, got the single value {value!r}; "
+                              f"write {key}={{name: value}} or +{key}.name=value")
+
+
 def _merge_into_schema(schema: type, node: Any, prefix: str) -> DictConfig:
+    node = copy.deepcopy(node) if isinstance(node, DictConfig) else OmegaConf.create(node)
+    _single_value_forms(schema, node, prefix)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
     except OmegaConfBaseException as error:

@@ -2,97 +2,22 @@
 
 A row is ``(verl key or None, rlflow key or None, note)``: None on the verl side is an rlflow key
 verl has no name for, None on the rlflow side a verl key rlflow has no equivalent for (the note
-says why, or what to do instead). Keys were read from verl's ``ppo_trainer.yaml`` (its generated,
-fully expanded form) and ``sft_trainer.yaml``. The four engine mounts share one set of rows,
-written once (``OPTIM_ROWS``, ``FSDP_ROWS``) and expanded per mount by ``engine_rows``.
+says why, or what to do instead). A verl key ending in ``.*`` covers every key below it (verl's
+Megatron ``override_transformer_config.*``, the profilers). Keys were read from verl's
+``ppo_trainer.yaml`` and ``ppo_megatron_trainer.yaml`` (their generated, fully expanded forms),
+``sft_trainer.yaml``, and every example script of verl's ``examples/grpo_trainer``,
+``examples/ppo_trainer`` and ``examples/sft`` (tests/config/verl_example_keys.txt lists those keys;
+a test checks each has a row). The engine mounts share one set of rows, written once and expanded
+per mount (``verl_engine_key_table``).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from rlflow.config.verl_engine_key_table import EngineMount, Row
 
-Row = tuple[Optional[str], Optional[str], str]
-
-NO_OPTIMIZER = "not used: this role never takes an optimizer step"
-
-# (verl suffix, rlflow suffix under <mount>.engine., note); verl's side is under the role's optim. / fsdp_config.
-OPTIM_ROWS: list[tuple[Optional[str], Optional[str], str]] = [
-    ("lr", "optimizer.lr", ""),
-    ("betas", "optimizer.betas", ""),
-    (None, "optimizer.eps", ""),
-    ("weight_decay", "optimizer.weight_decay", "rlflow decays matrices and embeddings only, never biases or norm weights"),
-    ("clip_grad", "optimizer.grad_clip", "<= 0 measures the norm without clipping"),
-    (None, "optimizer.implementation", "AdamW's kernels: foreach (default) | fused | for-loop; verl passes them in override_optimizer_config"),
-    ("lr_scheduler_type", "lr_scheduler.name", "constant | cosine as in verl, plus linear"),
-    ("warmup_style", "lr_scheduler.name", "verl's older name of lr_scheduler_type"),
-    ("lr_warmup_steps", "lr_scheduler.warmup_steps", "verl's -1 (use the ratio) has no rlflow form: give steps"),
-    ("lr_warmup_steps_ratio", None, "give lr_scheduler.warmup_steps in optimizer steps"),
-    ("min_lr_ratio", "lr_scheduler.min_lr_ratio", ""),
-    ("total_training_steps", "lr_scheduler.total_steps", "0 (verl: -1): filled in from the run's length"),
-    ("num_cycles", None, "rlflow's cosine decays once, from lr to min_lr_ratio * lr"),
-    ("optimizer", None, "AdamW only"),
-    ("optimizer_impl", None, "torch.optim.AdamW only"),
-    ("override_optimizer_config", None, "AdamW only"),
-]
-FSDP_ROWS: list[tuple[Optional[str], Optional[str], str]] = [
-    ("strategy", "name", "fsdp | fsdp2 | a registered engine; pick it with <role>.engine=NAME"),
-    ("model_dtype", "dtype", "master weights and optimizer state"),
-    ("dtype", "param_dtype", "the compute dtype (mixed precision with dtype float32)"),
-    (None, "reduce_dtype", ""),
-    (None, "device", "auto | cpu | cuda"),
-    ("param_offload", "param_offload", ""),
-    ("optimizer_offload", "optimizer_offload", ""),
-    ("reshard_after_forward", "reshard_after_forward", "fsdp2 engine only"),
-    (None, "defer_grad_reduce", "fsdp2 engine only: one gradient reduce-scatter per mini-batch"),
-    ("forward_prefetch", "forward_prefetch", "fsdp engine only"),
-    (None, "sharding_strategy", "fsdp engine only: FULL_SHARD | SHARD_GRAD_OP | NO_SHARD"),
-    ("fsdp_size", "hybrid_replicate_size", "inverse view: verl names the shard group size, rlflow the number of "
-                                           "replicas (HSDP, fsdp2 engine); world = replicas x shard size"),
-    ("wrap_policy.min_num_params", "wrap_layer_classes", "rlflow wraps by class (default: the model's "
-                                                          "_no_split_modules), not by parameter count"),
-    ("seed", "seed", "rank r uses seed + r"),
-    ("offload_policy", None, "param_offload / optimizer_offload"),
-    ("use_orig_params", None, "the fsdp engine always uses use_orig_params=True"),
-    ("ulysses_sequence_parallel_size", None, "no sequence parallelism"),
-    ("use_torch_compile", "compile", "fsdp2 and torchtitan engines: torch.compile of each decoder layer (verl: of "
-                                     "its entropy function); off by default (verl: on)"),
-    ("full_determinism", None, "seeded runs reproduce by default (docs/reliability.md)"),
-]
-# rlflow engine keys every mount has that no verl key sets.
-RLFLOW_ONLY_ENGINE_KEYS: list[tuple[str, str]] = [
-    ("attn_implementation", "sdpa | sdpa_varlen | eager | flash_attention_2 | flex_attention"),
-    ("logprob_chunk_size", "tokens per chunk of the log-prob computation"),
-    ("share_prefix", "compute a prefix rows share (a GRPO group's prompt) once; needs sdpa_varlen"),
-    ("trust_remote_code", "defaults to model.trust_remote_code"),
-    ("lora.rank", "LoRA adapter rank; 0: full fine-tuning (docs/lora.md)"),
-    ("lora.alpha", "adapter scale alpha / rank"),
-    ("lora.dropout", ""),
-    ("lora.target_modules", "all-linear or module names"),
-    ("lora.parts", "attention | mlp | unembedding: what all-linear covers"),
-    ("lora.adapter_path", "a peft adapter folder to start from"),
-]
-
-
-# An engine mount: (rlflow's engine node, verl's optimizer prefix or None: the role takes no optimizer
-# step, verl's fsdp_config prefix or None: verl has no such keys there).
-EngineMount = tuple[str, Optional[str], Optional[str]]
-
-
-def engine_rows(mount: EngineMount) -> list[Row]:
-    """The generic engine rows written out for one mount."""
-    node, optim, fsdp = mount
-    if optim is None:
-        rows: list[Row] = [(None, f"{node}.{ours}", NO_OPTIMIZER)
-                           for ours in dict.fromkeys(ours for _, ours, _ in OPTIM_ROWS if ours is not None)]
-    else:
-        rows = [(None if verl is None else optim + verl, None if ours is None else f"{node}.{ours}", note)
-                for verl, ours, note in OPTIM_ROWS]
-    for verl, ours, note in FSDP_ROWS:
-        verl_key = None if verl is None or fsdp is None else fsdp + verl
-        if ours is not None or verl_key is not None:
-            rows.append((verl_key, None if ours is None else f"{node}.{ours}", note))
-    return rows + [(None, f"{node}.{ours}", note) for ours, note in RLFLOW_ONLY_ENGINE_KEYS]
-
+NO_PROFILER = "no profiler integration: run under nsys or torch.profiler yourself"
+REWARD_LOOP = ("rlflow scores with the reward model's own forward pass on its training engine "
+               "(reward.reward_model.engine.*); there is no reward-model inference server")
 
 def _micro_batch_rows(mount: str, verl_prefix: str, verl_micro: str) -> list[Row]:
     return [
@@ -123,11 +48,19 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (f"{MODEL}lora_alpha", "actor.engine.lora.alpha", ""),
         (f"{MODEL}target_modules", "actor.engine.lora.target_modules", "all-linear or module names"),
         (f"{MODEL}lora_adapter_path", "actor.engine.lora.adapter_path", "a peft adapter folder"),
+        (f"{MODEL}lora.rank", "actor.engine.lora.rank", "verl's newer spelling of lora_rank"),
+        (f"{MODEL}lora.alpha", "actor.engine.lora.alpha", "verl's newer spelling of lora_alpha"),
+        (f"{MODEL}lora.lora_A_init_method", None, "A starts as peft's default, B at zero"),
+        (f"{MODEL}exclude_modules", None, "name the modules to adapt in actor.engine.lora.target_modules instead"),
+        (f"{MODEL}override_config.*", None, "edit the model folder's config.json"),
+        (f"{MODEL}fused_kernel_options.*", None, "no fused kernels"),
         (f"{MODEL}use_liger", None, "no Liger kernels"),
         (f"{MODEL}use_fused_kernels", None, "no fused kernels"),
         (f"{MODEL}enable_activation_offload", None, "gradient_checkpointing only"),
         (f"{MODEL}use_shm", None, "loads from the filesystem"),
-        ("actor_rollout_ref.hybrid_engine", "trainer.placement", "colocated is verl's hybrid engine; split gives each role its own pool"),
+        ("actor_rollout_ref.hybrid_engine", "trainer.placement", "true: colocated (verl's hybrid engine); false: split, "
+                                                                 "each role its own pool"),
+        ("actor_rollout_ref.nccl_timeout", None, "trainer.timeouts.*_s bound each phase (docs/reliability/timeouts.md)"),
     ]),
     ("data", [
         ("data.train_files", "data.train_files", "a list of parquet/jsonl files or folders"),
@@ -149,7 +82,10 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         ("data.dataloader_num_workers", None, "prompts are tokenized once at start-up"),
         ("data.filter_overlong_prompts_workers", None, "filtering runs in the driver"),
         ("data.custom_cls.path", None, "no custom dataset class"),
+        ("data.custom_cls.name", None, "no custom dataset class"),
         ("data.validation_shuffle", None, "validation is never shuffled"),
+        ("data.trust_remote_code", "model.trust_remote_code", "one switch for every load of the run"),
+        ("data.image_key", None, "text models only"),
     ]),
     ("actor (verl: actor_rollout_ref.actor)", [
         (f"{ACTOR}ppo_mini_batch_size", "actor.ppo_mini_batch_size", "in prompts, as in verl"),
@@ -174,9 +110,19 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (f"{ACTOR}data_loader_seed", None, "mini-batches are shuffled from trainer.seed + step"),
         (f"{ACTOR}ulysses_sequence_parallel_size", None, "no sequence parallelism"),
         (f"{ACTOR}checkpoint.save_contents", None, "a checkpoint always holds model, optimizer and extra state"),
+        (f"{ACTOR}use_torch_compile", "actor.engine.compile", "fsdp2 and torchtitan engines: torch.compile of each "
+                                                               "decoder layer; off by default (verl: on)"),
+        (f"{ACTOR}entropy_from_logits_with_chunking", None, "log-probs and entropy are always computed in chunks of "
+                                                            "actor.engine.logprob_chunk_size tokens"),
+        (f"{ACTOR}freeze_vision_tower", None, "text models only"),
+        (f"{ACTOR}profiler.*", None, NO_PROFILER),
         *_micro_batch_rows("actor", ACTOR, "ppo_micro_batch_size_per_gpu"),
         (f"{ACTOR}strategy", "actor.engine.name", "fsdp | fsdp2 | a registered engine"),
-        (f"{ROLLOUT}log_prob_micro_batch_size_per_gpu", "actor.engine.micro_batch_size", "old log-probs come from the actor engine"),
+        (f"{ROLLOUT}log_prob_micro_batch_size_per_gpu", "actor.engine.forward_micro_batch_size",
+         "the actor engine's forward-only passes (old log-probs); null: micro_batch_size"),
+        (f"{ROLLOUT}log_prob_use_dynamic_bsz", "actor.engine.forward_use_dynamic_bsz", "null: use_dynamic_bsz, as verl inherits it"),
+        (f"{ROLLOUT}log_prob_max_token_len_per_gpu", "actor.engine.forward_max_token_len_per_micro_batch",
+         "null: max_token_len_per_micro_batch, as verl inherits ppo_max_token_len_per_gpu"),
     ]),
     ("critic", [
         ("critic.ppo_mini_batch_size", "critic.ppo_mini_batch_size", "rlflow does not inherit the actor's"),
@@ -191,17 +137,27 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         ("critic.model.enable_gradient_checkpointing", "critic.engine.gradient_checkpointing", ""),
         ("critic.model.use_remove_padding", "critic.engine.use_remove_padding", ""),
         ("critic.ppo_micro_batch_size_per_gpu", "critic.engine.micro_batch_size", ""),
-        ("critic.forward_micro_batch_size_per_gpu", "critic.engine.micro_batch_size", "one micro-batch size for forward and update"),
+        ("critic.forward_micro_batch_size_per_gpu", "critic.engine.forward_micro_batch_size", "the values pass; null: micro_batch_size"),
+        ("critic.forward_max_token_len_per_gpu", "critic.engine.forward_max_token_len_per_micro_batch",
+         "null: max_token_len_per_micro_batch"),
         ("critic.use_dynamic_bsz", "critic.engine.use_dynamic_bsz", ""),
         ("critic.ppo_max_token_len_per_gpu", "critic.engine.max_token_len_per_micro_batch", ""),
         ("critic.grad_clip", "critic.engine.optimizer.grad_clip", ""),
         ("critic.strategy", "critic.engine.name", ""),
+        ("critic.model.trust_remote_code", "model.trust_remote_code", "one switch for every load of the run"),
+        ("critic.ulysses_sequence_parallel_size", None, "no sequence parallelism"),
+        ("critic.profiler.*", None, NO_PROFILER),
     ]),
     ("reference (verl: actor_rollout_ref.ref)", [
         ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "ref.engine.micro_batch_size", ""),
         ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "ref.engine.use_dynamic_bsz", ""),
         ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "ref.engine.max_token_len_per_micro_batch", ""),
         ("actor_rollout_ref.ref.strategy", "ref.engine.name", ""),
+        ("actor_rollout_ref.ref.use_torch_compile", "ref.engine.compile", ""),
+        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", None, "no sequence parallelism"),
+        ("actor_rollout_ref.ref.entropy_from_logits_with_chunking", None, "log-probs are always computed in chunks of "
+                                                                         "ref.engine.logprob_chunk_size tokens"),
+        ("actor_rollout_ref.ref.profiler.*", None, NO_PROFILER),
         (None, "ref.engine.gradient_checkpointing", "no backward pass: leave false"),
         (None, "ref.engine.use_remove_padding", ""),
     ]),
@@ -222,7 +178,17 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (f"{ROLLOUT}enable_prefix_caching", "rollout.enable_prefix_caching", ""),
         (None, "rollout.kv_cache_space_gb", "vLLM's KV cache in GiB (CPU needs it)"),
         (f"{ROLLOUT}gpu_memory_utilization", "rollout.gpu_memory_utilization", ""),
-        (f"{ROLLOUT}tensor_model_parallel_size", "rollout.tensor_parallel_size", "only 1 today"),
+        (f"{ROLLOUT}tensor_model_parallel_size", "rollout.tensor_parallel_size", "only 1 today: rlflow-from-verl drops "
+                                                                               "a larger one and says so; more replicas: "
+                                                                               "rollout.num_replicas"),
+        (f"{ROLLOUT}expert_parallel_size", None, "no expert parallelism in the rollout"),
+        (f"{ROLLOUT}layered_summon", None, "the weight sync streams HF-named tensors a bucket at a time "
+                                           "(rollout.weight_sync_bucket_mb)"),
+        (f"{ROLLOUT}checkpoint_engine.update_weights_bucket_megabytes", "rollout.weight_sync_bucket_mb", ""),
+        (f"{ROLLOUT}multi_turn.*", None, "single-turn rollouts: no multi-turn or tool-calling loop"),
+        (f"{ROLLOUT}engine_kwargs.vllm.*", "rollout.engine_kwargs.*", "vllm.LLM(...) arguments, not nested under vllm"),
+        (f"{ROLLOUT}engine_kwargs.sglang.*", None, "vllm | hf rollouts only"),
+        (f"{ROLLOUT}engine_kwargs.trtllm.*", None, "vllm | hf rollouts only"),
         (f"{ROLLOUT}free_cache_engine", "rollout.free_cache_engine", ""),
         (None, "rollout.weight_sync_bucket_mb", ""),
         (None, "rollout.lora_sync", "a LoRA actor's sync: merged | adapter"),
@@ -258,6 +224,7 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         ("algorithm.rollout_correction.rollout_is_threshold", "algorithm.rollout_correction.rollout_is_threshold",
          "also \"lower_upper\": masked IS (IcePop)"),
         ("algorithm.use_pf_ppo", None, "no PF-PPO reweighting"),
+        ("algorithm.pf_ppo.*", None, "no PF-PPO reweighting"),
     ]),
     ("reward (verl: custom_reward_function, reward_model)", [
         ("custom_reward_function.path", "reward.custom_function", "one key, path.py:fn or package.module:fn"),
@@ -279,6 +246,12 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         ("reward_model.reward_manager", None, "one reward manager; reward.num_workers scores in parallel"),
         ("reward_model.launch_reward_fn_async", None, "reward.num_workers"),
         ("reward_model.max_length", None, "responses are scored whole"),
+        ("reward_model.use_reward_loop", None, REWARD_LOOP),
+        ("reward_model.rollout.*", None, REWARD_LOOP),
+        ("reward_model.num_workers", None, "the reward model runs in the trainer's worker processes; reward.num_workers "
+                                           "is for rule rewards"),
+        ("reward_model.reward_kwargs.*", None, "a custom reward function (reward.custom_function) takes its own arguments"),
+        ("reward_model.sandbox_fusion.*", None, "no code sandbox; score code with reward.custom_function"),
     ]),
 ]
 
@@ -311,12 +284,12 @@ RUN_ROWS: list[Row] = [
 ]
 
 PPO_ENGINE_MOUNTS: list[EngineMount] = [
-    ("actor.engine", f"{ACTOR}optim.", f"{ACTOR}fsdp_config."),
-    ("critic.engine", "critic.optim.", "critic.model.fsdp_config."),
-    ("ref.engine", None, "actor_rollout_ref.ref.fsdp_config."),
-    ("reward.reward_model.engine", None, "reward_model.model.fsdp_config."),
+    EngineMount("actor.engine", f"{ACTOR}optim.", f"{ACTOR}fsdp_config.", f"{ACTOR}megatron."),
+    EngineMount("critic.engine", "critic.optim.", "critic.model.fsdp_config.", "critic.megatron."),
+    EngineMount("ref.engine", None, "actor_rollout_ref.ref.fsdp_config.", "actor_rollout_ref.ref.megatron."),
+    EngineMount("reward.reward_model.engine", None, "reward_model.model.fsdp_config.", "reward_model.megatron."),
 ]
-SFT_ENGINE_MOUNTS: list[EngineMount] = [("engine", "optim.", None)]
+SFT_ENGINE_MOUNTS: list[EngineMount] = [EngineMount("engine", "optim.", None)]
 
 PPO_SECTIONS.append(("trainer (main_ppo only)", [
     ("trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep", "one count for whole checkpoints"),
@@ -329,6 +302,8 @@ PPO_SECTIONS.append(("trainer (main_ppo only)", [
     ("trainer.rollout_data_dir", None, "no rollout dumps"),
     ("trainer.validation_data_dir", None, "no validation dumps"),
     ("trainer.del_local_ckpt_after_load", None, "rlflow never deletes a checkpoint it loaded"),
+    ("trainer.use_legacy_worker_impl", None, "one worker implementation"),
+    ("global_profiler.*", None, NO_PROFILER),
 ]))
 
 SFT_SECTIONS: list[tuple[str, list[Row]]] = [
@@ -344,12 +319,14 @@ SFT_SECTIONS: list[tuple[str, list[Row]]] = [
         ("model.fsdp_config.model_dtype", "engine.dtype", ""),
         ("model.fsdp_config.offload_params", "engine.param_offload", ""),
         ("model.fsdp_config.cpu_offload", "engine.optimizer_offload", ""),
-        ("model.fsdp_config.wrap_policy.min_num_params", "engine.wrap_layer_classes", "by class, not by size"),
+        ("model.fsdp_config.wrap_policy.min_num_params", None, "rlflow wraps by class (engine.wrap_layer_classes), not by size"),
         ("model.lora_rank", "engine.lora.rank", ""),
         ("model.lora_alpha", "engine.lora.alpha", ""),
         ("model.target_modules", "engine.lora.target_modules", "all-linear or module names"),
         ("model.use_liger", None, "no Liger kernels"),
         ("model.use_shm", None, "loads from the filesystem"),
+        ("model.path", "model.path", "verl's engine-based SFT trainer's name"),
+        ("model.use_remove_padding", "engine.use_remove_padding", "verl's engine-based SFT trainer's name"),
     ]),
     ("data", [
         *((f"data.{key}", f"data.{key}", "") for key in (
@@ -365,21 +342,32 @@ SFT_SECTIONS: list[tuple[str, list[Row]]] = [
         (None, "data.val_batch_size", "null: train_batch_size"),
         (None, "data.shuffle", ""),
         (None, "data.seed", "shuffling seed"),
-        ("data.prompt_dict_keys", None, "prompt_key names a column holding a string or a message list"),
-        ("data.response_dict_keys", None, "response_key names a string column"),
+        ("data.prompt_dict_keys", "data.prompt_key", "a dotted path: prompt_key=extra_info with prompt_dict_keys=[question] "
+                                                     "is data.prompt_key=extra_info.question"),
+        ("data.response_dict_keys", "data.response_key", "a dotted path: data.response_key=extra_info.answer"),
         ("data.chat_template", None, "set chat_template in the tokenizer folder"),
         ("data.custom_cls.path", None, "no custom dataset class"),
         ("data.balance_dp_token", None, "the loss is a token mean over the whole global batch"),
         ("data.train_max_samples", None, "cut the file instead"),
+        ("data.use_dynamic_bsz", "engine.use_dynamic_bsz", "verl's engine-based SFT trainer's name"),
+        ("data.max_token_len_per_gpu", "engine.max_token_len_per_micro_batch", "verl's engine-based SFT trainer's name"),
+        ("data.pad_mode", None, "sequences are always packed without padding (engine.use_remove_padding)"),
     ]),
     ("engine (verl: optim, model.fsdp_config)", [
         ("optim.lr_scheduler", "engine.lr_scheduler.name", ""),
         ("use_remove_padding", "engine.use_remove_padding", "verl's default false, rlflow's true"),
         ("ulysses_sequence_parallel_size", None, "no sequence parallelism"),
-        (None, "engine.use_dynamic_bsz", ""),
-        (None, "engine.max_token_len_per_micro_batch", ""),
+        ("engine.strategy", "engine.name", "verl's engine-based SFT trainer: fsdp | fsdp2 | megatron"),
+        ("engine.fsdp_size", "engine.hybrid_replicate_size", "inverse view: verl names the shard group size, rlflow "
+                                                             "the number of replicas (fsdp2 engine)"),
+        ("engine.ulysses_sequence_parallel_size", None, "no sequence parallelism"),
+        ("engine.context_parallel_size", None, "no context parallelism"),
+        ("engine.virtual_pipeline_model_parallel_size", None, "no interleaved schedule: one model chunk per pipeline stage"),
+        ("engine.use_mbridge", None, "rlflow's megatron engine converts the HF folder itself"),
+        ("engine.vanilla_mbridge", None, "rlflow's megatron engine converts the HF folder itself"),
     ]),
     ("trainer (main_sft only)", [
+        ("checkpoint.save_contents", None, "a checkpoint always holds model, optimizer and extra state"),
         ("trainer.seed", "engine.seed", "init and dropout; data.seed orders the samples"),
         (None, "trainer.launcher", "ray | torchrun"),
     ]),

@@ -8,21 +8,19 @@ test checks the two agree.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
-from rlflow.config.verl_key_table import (
+from rlflow.config.verl_engine_key_table import (
     FSDP_ROWS,
+    MEGATRON_ROWS,
     OPTIM_ROWS,
-    PPO_ENGINE_MOUNTS,
-    PPO_SECTIONS,
     RLFLOW_ONLY_ENGINE_KEYS,
-    RUN_ROWS,
-    SFT_ENGINE_MOUNTS,
-    SFT_SECTIONS,
     EngineMount,
     Row,
     engine_rows,
 )
+from rlflow.config.verl_key_table import PPO_ENGINE_MOUNTS, PPO_SECTIONS, RUN_ROWS, SFT_ENGINE_MOUNTS, SFT_SECTIONS
 
 GUIDE = "docs/from_verl_keys.md"
 # Each entry point's config name -> its table: (section title, rows) and its engine mounts.
@@ -44,14 +42,38 @@ VERL_ONLY_SECTIONS: dict[str, dict[str, str]] = {
 }
 
 
-def rows(entry: str) -> list[Row]:
-    """Every row of ``entry``'s table (``ppo_trainer`` or ``sft_trainer``), the engine rows of each mount
-    included; an rlflow-only row is left out when another row maps a verl key to the same rlflow key."""
+@functools.lru_cache(maxsize=None)
+def _rows(entry: str) -> tuple[Row, ...]:
     sections, mounts = TABLES[entry]
     every = [row for _, section in sections for row in section] + RUN_ROWS
     every += [row for mount in mounts for row in engine_rows(mount)]
     mapped = {ours for verl, ours, _ in every if verl is not None}
-    return list(dict.fromkeys(row for row in every if row[0] is not None or row[1] not in mapped))
+    return tuple(dict.fromkeys(row for row in every if row[0] is not None or row[1] not in mapped))
+
+
+def rows(entry: str) -> list[Row]:
+    """Every row of ``entry``'s table (``ppo_trainer`` or ``sft_trainer``), the engine rows of each mount
+    included; an rlflow-only row is left out when another row maps a verl key to the same rlflow key."""
+    return list(_rows(entry))
+
+
+def covers(verl: str, key: str) -> bool:
+    """Whether a row's verl key ``verl`` names ``key``: the same key, or a ``prefix.*`` row over it."""
+    return verl == key or (verl.endswith(".*") and key.startswith(verl[:-1]))
+
+
+def find_row(entry: str, key: str) -> Optional[Row]:
+    """The row of ``entry``'s table for the verl key ``key``: its own row, else the longest ``prefix.*`` row over it."""
+    candidates = [row for row in _rows(entry) if row[0] is not None and covers(row[0], key)]
+    return max(candidates, key=lambda row: (row[0] == key, len(row[0])), default=None)
+
+
+def rlflow_key(row: Row, key: str) -> Optional[str]:
+    """The rlflow key ``row`` maps the verl key ``key`` to (a ``prefix.*`` row keeps what follows the prefix)."""
+    verl, ours, _ = row
+    if ours is None or not ours.endswith(".*"):
+        return ours
+    return ours[:-1] + key[len(verl) - 1:]
 
 
 def verl_key_message(entry: str, key: str) -> Optional[str]:
@@ -59,12 +81,13 @@ def verl_key_message(entry: str, key: str) -> Optional[str]:
 
     The caller decides whether ``key`` is also an rlflow key (then there is nothing to say).
     """
-    for verl, ours, note in rows(entry):
-        if verl == key and ours != key:
-            if ours is None:
-                why = f": {note}" if note else ""
-                return f"unknown key '{key}': this is verl's name; rlflow has no equivalent{why} ({GUIDE})"
-            return f"unknown key '{key}': this is verl's name; rlflow's is '{ours}' ({GUIDE})"
+    row = find_row(entry, key)
+    ours = None if row is None else rlflow_key(row, key)
+    if row is not None and ours != key:
+        if ours is None:
+            why = f": {row[2]}" if row[2] else ""
+            return f"unknown key '{key}': this is verl's name; rlflow has no equivalent{why} ({GUIDE})"
+        return f"unknown key '{key}': this is verl's name; rlflow's is '{ours}' ({GUIDE})"
     section = key.split(".")[0]
     where = VERL_ONLY_SECTIONS[entry].get(section)
     if where is not None:
@@ -85,16 +108,22 @@ def _table(table_rows: list[Row]) -> list[str]:
             + [f"| {_cell(verl)} | {_cell(ours)} | {_escape(note)} |" for verl, ours, note in table_rows] + [""])
 
 
+def _prefix_cell(prefix: Optional[str]) -> str:
+    return _cell(prefix.rstrip(".") if prefix else None)
+
+
 def _mounts_markdown(mounts: list[EngineMount]) -> list[str]:
-    lines = ["| rlflow `<engine>` | verl `<optim>` | verl `<fsdp_config>` |", "|---|---|---|"]
-    return lines + [f"| `{node}` | {_cell(optim.rstrip('.')) if optim else '- (no optimizer: the optimizer keys are unused)'} "
-                    f"| {_cell(fsdp.rstrip('.') if fsdp else None)} |" for node, optim, fsdp in mounts] + [""]
+    lines = ["| rlflow `<engine>` | verl `<optim>` | verl `<fsdp_config>` | verl `<megatron>` |", "|---|---|---|---|"]
+    return lines + [f"| `{mount.node}` | {_prefix_cell(mount.optim) if mount.optim else '- (no optimizer: the optimizer keys are unused)'} "
+                    f"| {_prefix_cell(mount.fsdp)} | {_prefix_cell(mount.megatron)} |" for mount in mounts] + [""]
 
 
 def _engine_markdown() -> list[str]:
-    """The engine keys once, with ``<optim>``, ``<fsdp_config>`` and ``<engine>`` standing for each mount's prefixes."""
-    generic = [(f"<optim>.{verl}" if verl else None, f"<engine>.{ours}" if ours else None, note) for verl, ours, note in OPTIM_ROWS]
-    generic += [(f"<fsdp_config>.{verl}" if verl else None, f"<engine>.{ours}" if ours else None, note) for verl, ours, note in FSDP_ROWS]
+    """The engine keys once, with ``<optim>``, ``<fsdp_config>``, ``<megatron>`` and ``<engine>`` standing for each mount's
+    prefixes."""
+    generic = []
+    for prefix, table in (("optim", OPTIM_ROWS), ("fsdp_config", FSDP_ROWS), ("megatron", MEGATRON_ROWS)):
+        generic += [(f"<{prefix}>.{verl}" if verl else None, f"<engine>.{ours}" if ours else None, note) for verl, ours, note in table]
     generic += [(None, f"<engine>.{ours}", note) for ours, note in RLFLOW_ONLY_ENGINE_KEYS]
     return _table(generic)
 
@@ -109,8 +138,8 @@ def render_markdown() -> str:
         for section, section_rows in sections:
             lines += [f"#### {section}", ""] + _table([row for row in dict.fromkeys(section_rows) if row in kept])
     lines += ["### trainer keys of both entry points", ""] + _table(RUN_ROWS)
-    lines += ["### engine keys", "", "The same keys under every engine mount; `<engine>`, `<optim>` and `<fsdp_config>` stand for",
-              "these prefixes:", ""]
+    lines += ["### engine keys", "", "The same keys under every engine mount; `<engine>`, `<optim>`, `<fsdp_config>` and `<megatron>`",
+              "stand for these prefixes (a verl key ending in `.*` covers every key below it):", ""]
     lines += _mounts_markdown(PPO_ENGINE_MOUNTS + SFT_ENGINE_MOUNTS) + _engine_markdown()
     return "\n".join(lines)
 

@@ -16,6 +16,17 @@ def row_error(path: Path, index: int, field: str, problem: str) -> DataError:
     return DataError(f"data file {path}, row {index}, field {field!r}: {problem}")
 
 
+def field_value(row: dict[str, Any], key: str) -> Any:
+    """``row[key]``; for a dotted key that is not a column itself, the nested value (``extra_info.question`` is
+    ``row['extra_info']['question']``: verl's ``prompt_dict_keys``); None where a step is missing."""
+    if key in row:
+        return row[key]
+    value: Any = row
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def describe(value: Any) -> str:
     """A short description of a bad value for an error message."""
     text = repr(value)

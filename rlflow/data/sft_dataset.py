@@ -2,7 +2,9 @@
 
 A row is either a ``messages`` chat list (every assistant turn is learned), or, when
 ``prompt_key`` and ``response_key`` are both set, a prompt (a string, sent as one user
-message, or a message list) and a response string (one assistant turn). The whole
+message, or a message list) and a response string (one assistant turn). A dotted key reads a
+nested field (``extra_info.question``: verl's ``prompt_key=extra_info`` with
+``prompt_dict_keys=[question]``). The whole
 conversation goes through the tokenizer's chat template; ``loss_mask[t] = 1`` exactly when
 token ``t`` is assistant text or its end-of-turn token (see ``rlflow.data.chat``), i.e. a
 token the model is trained to predict from the tokens before it.
@@ -22,7 +24,7 @@ from rlflow.config import ConfigError
 from rlflow.data.chat import ChatTemplateError, check_chat_tokenizer, check_template_kwargs, encode_conversation, pad_token_id
 from rlflow.data.collate import pad_to_tensor, position_ids_from_mask
 from rlflow.data.files import read_rows, resolve_files
-from rlflow.data.rows import check_messages, check_string, describe, row_error
+from rlflow.data.rows import check_messages, check_string, describe, field_value, row_error
 from rlflow.data.sampler import BatchLoader, build_loader
 from rlflow.data.truncation import OverlongError, check_policy, keep_slice
 from rlflow.protocol import DataProto
@@ -101,15 +103,15 @@ class SFTDataset:
     def _conversation(self, row: dict[str, Any], path: Path, index: int) -> tuple[str, list[dict[str, str]]]:
         """(the field to blame for errors, the conversation's messages)."""
         if self.prompt_key is None:
-            return self.messages_key, check_messages(row.get(self.messages_key), path, index, self.messages_key)
-        prompt = row.get(self.prompt_key)
+            return self.messages_key, check_messages(field_value(row, self.messages_key), path, index, self.messages_key)
+        prompt = field_value(row, self.prompt_key)
         if isinstance(prompt, (list, tuple)):
             messages = check_messages(prompt, path, index, self.prompt_key)
         elif isinstance(prompt, str) or prompt is None:
             messages = [{"role": "user", "content": check_string(prompt, path, index, self.prompt_key)}]
         else:
             raise row_error(path, index, self.prompt_key, f"must be a string or a message list, got {describe(prompt)}")
-        response = check_string(row.get(self.response_key), path, index, self.response_key)
+        response = check_string(field_value(row, self.response_key), path, index, self.response_key)
         return self.response_key, [*messages, {"role": "assistant", "content": response}]
 
     def _parse_row(self, row: dict[str, Any], path: Path, index: int) -> SFTSample:

@@ -22,7 +22,7 @@ from rlflow.engines.config import (
     OptimizerConfig,
     StepHyperparams,
 )
-from rlflow.engines.registry import EngineRegistry, build_engine, get_engine_cls
+from rlflow.engines.registry import ENGINE_REGISTRY, build_engine, get_engine_cls
 
 __all__ = [
     "BaseEngine",
@@ -31,7 +31,7 @@ __all__ = [
     "EngineConfig",
     "EngineConfigError",
     "EngineMesh",
-    "EngineRegistry",
+    "ENGINE_REGISTRY",
     "HFModuleEngineConfig",
     "LRSchedulerConfig",
     "LossContext",

@@ -121,7 +121,7 @@ averaged over this rank's micro-batches.
 class BaseEngine(abc.ABC):
     """Abstract engine: build, run and update one model under one parallel layout.
 
-    Subclasses register with ``@EngineRegistry.register("name")``, set ``config_class``
+    Subclasses register with ``@ENGINE_REGISTRY.register("name")``, set ``config_class``
     to their ``EngineConfig`` subclass and ``capabilities`` to the optional features
     they implement. Construction is cheap; ``initialize()`` does the heavy work, so a
     Ray worker can build then initialize. All methods except ``mesh`` are collective:

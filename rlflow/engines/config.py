@@ -119,6 +119,10 @@ class EngineConfig:
     micro_batch_size: int = 4  # sequences per forward/backward when use_dynamic_bsz is false
     use_dynamic_bsz: bool = False  # size micro-batches by a token budget instead of a sequence count
     max_token_len_per_micro_batch: int = 4096  # token budget of one micro-batch (use_dynamic_bsz)
+    # Forward-only passes (log-probs, reference, values, reward scores, validation loss); null: the three above.
+    forward_micro_batch_size: Optional[int] = None
+    forward_use_dynamic_bsz: Optional[bool] = None
+    forward_max_token_len_per_micro_batch: Optional[int] = None
     use_remove_padding: bool = True  # pack a micro-batch's valid tokens into one row (no padding compute)
     gradient_checkpointing: bool = False  # recompute decoder-layer activations in backward
     param_offload: bool = False  # keep parameters and grads in host memory between engine calls
@@ -132,6 +136,9 @@ class EngineConfig:
         return {
             "micro_batch_size": self.micro_batch_size >= 1,
             "max_token_len_per_micro_batch": self.max_token_len_per_micro_batch >= 1,
+            "forward_micro_batch_size": self.forward_micro_batch_size is None or self.forward_micro_batch_size >= 1,
+            "forward_max_token_len_per_micro_batch": (self.forward_max_token_len_per_micro_batch is None
+                                                      or self.forward_max_token_len_per_micro_batch >= 1),
             "optimizer.lr": self.optimizer.lr >= 0,
             "optimizer.betas": len(self.optimizer.betas) == 2,
             "optimizer.implementation": self.optimizer.implementation in ADAMW_IMPLEMENTATIONS,
@@ -142,6 +149,17 @@ class EngineConfig:
             "lora.dropout": 0.0 <= self.lora.dropout < 1.0,
             "lora.target_modules": len(self.lora.target_modules) > 0,
             "lora.parts": bool(self.lora.parts),
+        }
+
+    def micro_batch_limits(self, training: bool) -> dict[str, Any]:
+        """``plan_micro_batches``' size arguments for a pass that trains (a backward follows) or only runs forward."""
+        if training:
+            return {"micro_batch_size": self.micro_batch_size, "use_dynamic_bsz": self.use_dynamic_bsz,
+                    "max_token_len": self.max_token_len_per_micro_batch}
+        return {
+            "micro_batch_size": self.forward_micro_batch_size or self.micro_batch_size,
+            "use_dynamic_bsz": self.use_dynamic_bsz if self.forward_use_dynamic_bsz is None else self.forward_use_dynamic_bsz,
+            "max_token_len": self.forward_max_token_len_per_micro_batch or self.max_token_len_per_micro_batch,
         }
 
     def combination_errors(self) -> list[str]:

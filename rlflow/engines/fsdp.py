@@ -23,8 +23,9 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from rlflow.engines.common.forward.models import ForwardModule, decoder_layer_classes
 from rlflow.engines.common.module_engine import ModuleEngine
 from rlflow.engines.config import EngineConfigError, HFModuleEngineConfig
-from rlflow.engines.registry import EngineRegistry
+from rlflow.engines.registry import ENGINE_REGISTRY
 from rlflow.models.loading import resolve_dtype
+from rlflow.utils.registry import unknown_name_message
 
 __all__ = ["FSDPEngine", "FSDPEngineConfig"]
 
@@ -44,7 +45,7 @@ class FSDPEngineConfig(HFModuleEngineConfig):
     forward_prefetch: bool = False  # issue the next unit's all-gather before the current forward finishes
 
 
-@EngineRegistry.register("fsdp")
+@ENGINE_REGISTRY.register("fsdp")
 class FSDPEngine(ModuleEngine):
     """FSDP1 engine: per-layer FSDP units, original parameters exposed."""
 
@@ -54,7 +55,8 @@ class FSDPEngine(ModuleEngine):
     def _parallelize(self, module: ForwardModule) -> nn.Module:
         cfg = self.config
         if cfg.sharding_strategy not in _STRATEGIES:
-            raise EngineConfigError(f"sharding_strategy={cfg.sharding_strategy!r}; choose one of {sorted(_STRATEGIES)}")
+            raise EngineConfigError(unknown_name_message("FSDP sharding strategy", cfg.sharding_strategy, _STRATEGIES,
+                                                         "engine.sharding_strategy"))
         param_dtype = resolve_dtype(cfg.param_dtype)
         mixed_precision = None
         if param_dtype != resolve_dtype(cfg.dtype):

@@ -28,7 +28,7 @@ from rlflow.engines.common.forward.models import ForwardModule, decoder_layer_cl
 from rlflow.engines.common.fsdp.fully_shard import FullyShardEngine
 from rlflow.engines.common.fsdp.layer_compile import compile_layer_forward
 from rlflow.engines.config import EngineConfigError, HFModuleEngineConfig
-from rlflow.engines.registry import EngineRegistry
+from rlflow.engines.registry import ENGINE_REGISTRY
 from rlflow.models.loading import resolve_dtype
 
 __all__ = ["FSDP2Engine", "FSDP2EngineConfig"]
@@ -45,7 +45,7 @@ class FSDP2EngineConfig(HFModuleEngineConfig):
     compile: bool = False  # torch.compile each decoder layer's forward (inductor)
 
 
-@EngineRegistry.register("fsdp2")
+@ENGINE_REGISTRY.register("fsdp2")
 class FSDP2Engine(FullyShardEngine):
     """FSDP2 (``fully_shard``) engine: per-layer units on a 1-D or hybrid 2-D DeviceMesh."""
 

@@ -10,7 +10,7 @@ from rlflow.meta_info import COMPUTE_ENTROPY, METRICS, OLD_LOG_PROBS_FROM_UPDATE
 from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch
-from rlflow.roles.engine_role import EngineRole, renamed_or_empty, response_columns, response_log_probs
+from rlflow.roles.engine_role import EngineRole, renamed_or_empty, require_rows, response_columns, response_log_probs
 from rlflow.roles.losses import make_policy_loss_fn
 from rlflow.roles.reference import REF_MESH, ref_log_probs
 from rlflow.rollout import publish_weights
@@ -68,13 +68,15 @@ class Actor(EngineRole):
         ``OLD_LOG_PROBS_FROM_UPDATE`` set the batch needs no ``old_log_probs`` (the loss
         takes the detached current ones), entropy is always computed (the step's metric), and the
         result also holds the update forward's ``log_probs`` and ``entropy`` ``[B, R]`` of the rows,
-        in their order; otherwise no per-token column travels back to the driver.
+        in their order; otherwise no per-token column travels back to the driver. An empty batch raises
+        ``ValueError`` (it has no loss).
 
         Rollout correction: ``rollout_is_weights`` (decoupled mode) go to the loss when the batch holds
         them, and ``ROLLOUT_CORRECTION`` in ``meta_info`` (bypass mode) selects the bypass loss; its
         ``rollout_corr/*`` metrics come back with the ``actor/*`` ones. Bypass mode has no old-log-prob
         pass, so entropy is computed here and reported as the loss's ``actor/entropy``.
         """
+        require_rows(data, "Actor.forward_backward")
         on_policy = OLD_LOG_PROBS_FROM_UPDATE.read(data.meta_info)
         bypass = ROLLOUT_CORRECTION.read(data.meta_info)
         if on_policy and bypass is not None:

@@ -43,7 +43,8 @@ class Critic(EngineRole):
         mean loss and optimizer metrics (``critic/skipped``: the fraction of skipped optimizer steps,
         ``critic/skipped_steps``: the engine's count, as the actor reports them), it reports
         ``critic/optim_steps`` and ``critic/trailing_skipped_steps`` (how many of the last optimizer
-        steps were skipped in a row) for the driver's divergence guard.
+        steps were skipped in a row) for the driver's divergence guard. An empty batch has no mini-batches: no
+        optimizer step, ``critic/optim_steps`` 0.
         """
         cfg = self.critic_config
         local_mini_batch = max(1, MINI_BATCH_SIZE.read(data.meta_info) // self.engine.mesh.dp_size)

@@ -28,10 +28,32 @@ def forward_only(engine: BaseEngine, view: DataProto) -> Optional[DataProto]:
     ``None`` on a rank that is not a collect rank of its engine (``mesh.is_collect``): such a
     rank (a non-last pipeline stage, a tensor-parallel rank other than 0) has no outputs, and
     mesh dispatch reads results only from collect ranks, so the role returns an empty batch there.
+    A ``view`` of 0 rows never reaches the engine, which refuses one: dispatch hands a rank no rows
+    only when the whole batch is empty, so every rank skips the call together, and the outputs
+    are those of the contract with 0 rows (``no_row_outputs``).
     """
-    with engine.eval_mode(), torch.no_grad():
-        outputs, _ = engine.forward_backward(view, forward_only=True)
+    if len(view) == 0:
+        outputs = no_row_outputs(engine, view)
+    else:
+        with engine.eval_mode(), torch.no_grad():
+            outputs, _ = engine.forward_backward(view, forward_only=True)
     return outputs if engine.mesh.is_collect else None
+
+
+def no_row_outputs(engine: BaseEngine, view: DataProto) -> DataProto:
+    """The per-token outputs ``engine.forward_backward`` gives for ``view``, for a ``view`` of 0 rows:
+    ``values`` of a value model, else ``log_probs`` (and ``entropy`` when ``compute_entropy``), each ``[0, T]``."""
+    if engine.model_kind == "value":
+        keys = ["values"]
+    else:
+        keys = ["log_probs", "entropy"] if COMPUTE_ENTROPY.read(view.meta_info) else ["log_probs"]
+    return DataProto.from_dict({key: torch.zeros(0, view.batch["input_ids"].shape[1]) for key in keys})
+
+
+def require_rows(data: DataProto, method: str) -> None:
+    """Raise one line when ``data`` has no rows: a training call then has no loss to take the gradient of."""
+    if len(data) == 0:
+        raise ValueError(f"{method} got an empty batch (0 rows): there is no loss to train on; send at least one row")
 
 
 def response_log_probs(engine: BaseEngine, data: DataProto, temperature: float, with_entropy: bool) -> Optional[DataProto]:

@@ -20,7 +20,7 @@ import torch
 from rlflow.algos import agg_loss
 from rlflow.engines import LossContext
 from rlflow.protocol import DataProto
-from rlflow.roles.engine_role import EngineRole
+from rlflow.roles.engine_role import EngineRole, require_rows
 from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
 
 SFT_MESH = "sft"
@@ -49,7 +49,9 @@ class SFTWorker(EngineRole):
 
     @register(dispatch_mode=DP_COMPUTE, mesh=SFT_MESH)
     def forward_backward(self, batch: DataProto) -> dict[str, float]:
-        """Accumulate the gradient of the global batch's SFT loss (this rank's share); returns the engine's metrics."""
+        """Accumulate the gradient of the global batch's SFT loss (this rank's share); returns the engine's metrics.
+        An empty batch raises ``ValueError`` (it has no loss)."""
+        require_rows(batch, "SFTWorker.forward_backward")
         with self.engine.train_mode():
             _, metrics = self.engine.forward_backward(batch, sft_loss)
         return metrics
@@ -61,7 +63,9 @@ class SFTWorker(EngineRole):
 
     @register(dispatch_mode=DP_COMPUTE, mesh=SFT_MESH)
     def evaluate(self, batch: DataProto) -> dict[str, float]:
-        """The SFT loss of ``batch`` without gradients (dropout off); ``loss`` and ``num_tokens`` are global."""
+        """The SFT loss of ``batch`` without gradients (dropout off); ``loss`` and ``num_tokens`` are global.
+        An empty batch raises ``ValueError`` (it has no loss)."""
+        require_rows(batch, "SFTWorker.evaluate")
         with self.engine.eval_mode():
             _, metrics = self.engine.forward_backward(batch, sft_loss, forward_only=True)
         return metrics

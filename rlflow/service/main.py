@@ -7,16 +7,14 @@ uvicorn serves the app until interrupted; worker groups start when a client firs
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import uvicorn
 from omegaconf import DictConfig
 
-from rlflow.errors import UserError
 from rlflow.service.app import build_app
-from rlflow.service.catalogue import BaseModel, load_base_models
-from rlflow.service.config import SERVICE_ENTRY
+from rlflow.service.catalogue import BaseModel
+from rlflow.service.config import SERVICE_ENTRY, check_service_inputs
 from rlflow.service.service import TinkerService
 from rlflow.utils.logging import get_logger
 from rlflow.workers import init_ray, shutdown_ray
@@ -24,25 +22,11 @@ from rlflow.workers import init_ray, shutdown_ray
 logger = get_logger(__name__)
 
 
-def _check_port(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise UserError(f"config key 'service.port': cannot listen on {host}:{port} ({error.strerror})") from None
-
-
 def prepare(config: DictConfig) -> tuple[dict[str, BaseModel], Path]:
     """Everything checked before Ray starts, for a validated config: the base models (folders and tokenizers),
     the port; then the checkpoint folder is created. Returns the base models and that folder."""
-    service_config = config.service
-    try:
-        catalogue = load_base_models(service_config.models)
-    except (FileNotFoundError, ValueError) as error:
-        raise UserError(f"config key 'service.models': {error}") from None
-    _check_port(service_config.host, int(service_config.port))
-    work_dir = Path(service_config.checkpoint_dir).resolve()
+    catalogue = check_service_inputs(config)
+    work_dir = Path(config.service.checkpoint_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     return catalogue, work_dir
 

@@ -1,7 +1,8 @@
 """The drivers' two entry points, ``main_ppo`` and ``main_sft``, as config loading sees them.
 
 Each ``EntryPoint`` (``rlflow.config.loading``) names its YAML, schema, engine mounts and the
-choice keys it checks before Ray starts; the driver-level tables (``trainer.placement``,
+choice keys it checks before Ray starts, and its ``preflight`` (what ``--validate`` runs after them,
+``preflight.py``); the driver-level tables (``trainer.placement``,
 ``trainer.launcher``) are this package's registries, handed down here so that config loading
 imports no driver.
 """
@@ -24,9 +25,11 @@ from rlflow.config.loading.choices import (
 )
 from rlflow.config.loading.dtype_guard import ppo_dtype_keys, sft_dtype_keys
 from rlflow.config.loading.entry_point import EntryPoint
+from rlflow.config.loading.rollout_memory import check_rollout_memory
 from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.rollout import ROLLOUT_REGISTRY
 from rlflow.trainer.placement import PLACEMENT_REGISTRY
+from rlflow.trainer.preflight import preflight_ppo, preflight_sft
 from rlflow.trainer.sft_launchers import LAUNCHER_REGISTRY
 
 # Where the `engine` group is mounted in each entry point's config.
@@ -64,7 +67,8 @@ PPO_ENTRY = EntryPoint(
     engine_mounts=PPO_ENGINE_MOUNTS,
     policy_mounts=("actor.engine",),
     group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
-    checks=(_check_lora_sync, check_rollout_correction),
+    checks=(_check_lora_sync, check_rollout_memory, check_rollout_correction),
+    preflight=preflight_ppo,
 )
 
 SFT_ENTRY = EntryPoint(
@@ -75,6 +79,7 @@ SFT_ENTRY = EntryPoint(
     engine_mounts=SFT_ENGINE_MOUNTS,
     policy_mounts=("engine",),
     group_shorthands={"engine": "engine", "data": "sft_data"},  # data=synthetic: rlflow/configs/sft_data/synthetic.yaml
+    preflight=preflight_sft,
 )
 
 

@@ -27,13 +27,13 @@ from typing import Optional
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlflow.engines import BaseEngine, EngineRegistry
+from rlflow.engines import BaseEngine, ENGINE_REGISTRY
 from rlflow.engines.common.checkpoint.checkpoint_reader import read_model_weights
 from rlflow.engines.common.checkpoint.checkpointing import HF_CONFIG_DIR, META_FILE, read_meta, resolve_checkpoint_dir
 from rlflow.engines.common.checkpoint.hf_export import EXPORT_MARKER, write_hf_folder, write_peft_adapter_folder
 from rlflow.engines.common.checkpoint.lora_export import adapter_tensors
 from rlflow.engines.common.forward.lora import ADAPTER_CONFIG_FILE
-from rlflow.engines.common.forward.models import MODEL_KINDS
+from rlflow.engines.common.forward.models import MODEL_KIND_REGISTRY
 from rlflow.errors import CheckpointError, UserError
 from rlflow.trainer.checkpoint import DRIVER_STATE, CheckpointManager
 from rlflow.trainer.checkpoint_manifest import manifest_problem
@@ -110,7 +110,7 @@ def _tied_copies(source: Path) -> set[str]:
 def _engine_class(name: Optional[str]) -> type[BaseEngine]:
     """The engine class that wrote a checkpoint (its state names); an engine not registered in this
     process (a plugin) is read with the HF module's naming, the base contract's default."""
-    return EngineRegistry.get(name) if name in EngineRegistry.names() else BaseEngine
+    return ENGINE_REGISTRY.get(name) if name in ENGINE_REGISTRY.names() else BaseEngine
 
 
 def _check_out(out: Path) -> None:
@@ -125,8 +125,8 @@ def export_checkpoint(checkpoint: Path, out: Path, role: Optional[str] = None, m
     folder = _engine_folder(checkpoint, role)
     meta = read_meta(folder)
     model_kind = meta.get("model_kind")
-    if model_kind not in MODEL_KINDS:
-        raise CheckpointError(f"checkpoint {folder}: model kind {model_kind!r} is not one of {sorted(MODEL_KINDS)}")
+    if model_kind not in MODEL_KIND_REGISTRY:
+        raise CheckpointError(f"checkpoint {folder}: model kind {model_kind!r} is not one of {MODEL_KIND_REGISTRY.names()}")
     if (folder / ADAPTER_CONFIG_FILE).is_file():  # a LoRA checkpoint: the adapters alone, as a peft folder
         _check_out(out)
         write_peft_adapter_folder(out, adapter_tensors(read_model_weights(folder)), (folder / ADAPTER_CONFIG_FILE).read_text())
@@ -136,7 +136,7 @@ def export_checkpoint(checkpoint: Path, out: Path, role: Optional[str] = None, m
     tied = _tied_copies(source)
     hf_tensors = _engine_class(meta.get("engine")).checkpoint_hf_tensors(read_model_weights(folder), source)
     weights = [(name, tensor) for name, tensor in hf_tensors if name not in tied]
-    folder_config = MODEL_KINDS[model_kind].folder_export_config
+    folder_config = MODEL_KIND_REGISTRY.get(model_kind).folder_export_config
     write_hf_folder(out, weights, source, folder_config(source) if folder_config else None)
     return folder
 

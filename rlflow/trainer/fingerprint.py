@@ -34,7 +34,7 @@ HASH_LIMIT = 256 * 1024**2
 # length, which follows the run length: 0 is filled in from the total steps).
 _ENGINE_FREE = ("lr_scheduler.total_steps", "device", "param_offload", "optimizer_offload", "gradient_checkpointing", "micro_batch_size",
                 "use_dynamic_bsz", "max_token_len_per_micro_batch", "use_remove_padding", "logprob_chunk_size",
-                "defer_grad_reduce")
+                "defer_grad_reduce", "forward_micro_batch_size", "forward_use_dynamic_bsz", "forward_max_token_len_per_micro_batch")
 
 FREE_KEYS: tuple[str, ...] = (
     # names, trackers, outputs and resume settings

@@ -1,6 +1,7 @@
 """PPO/GRPO entry point: ``python -m rlflow.trainer.main_ppo key=value ...``.
 
-``--cfg job`` prints the composed config; ``actor.engine=fsdp`` picks an engine
+``--validate`` runs every pre-Ray check and prints the resolved config; ``--cfg job`` is Hydra's printer of the
+composed config; ``actor.engine=fsdp`` picks an engine
 for a role (shorthand for Hydra's ``engine@actor.engine=fsdp``).
 """
 

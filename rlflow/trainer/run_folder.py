@@ -13,6 +13,10 @@
   refused here.
 * **resume**: the checkpoint ``trainer.resume_mode`` picks is checked now (loadable, same math:
   ``fingerprint``), so a refused resume costs no cluster start.
+
+``check_run_folder(config)`` asks the same questions without creating, writing or locking anything
+(``--validate``): a missing folder is judged by the closest existing folder above it, and a lock
+held by a live run is found by trying it and letting go at once.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from rlflow.engines.common.checkpoint.hf_export import EXPORT_MARKER
 from rlflow.errors import UserError
 from rlflow.trainer.checkpoint import CheckpointManager
+from rlflow.utils.folders import folder_write_problem
 
 LOCK_FILE = ".rlflow.lock"
 
@@ -48,12 +53,9 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd)
+            error = _in_use(self.path.parent, fd)
             os.close(fd)
-            raise RunFolderError(
-                f"trainer.default_local_dir {self.path.parent} is in use by another run (pid {holder.get('pid', '?')} "
-                f"on host {holder.get('host', '?')}); wait for it to end or set another trainer.default_local_dir"
-            ) from None
+            raise error from None
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode() + b"\n")
         os.fsync(fd)
@@ -71,6 +73,28 @@ class RunLock:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.release()
+
+
+def _in_use(folder: Path, fd: int) -> RunFolderError:
+    holder = _read_holder(fd)
+    return RunFolderError(f"trainer.default_local_dir {folder} is in use by another run (pid {holder.get('pid', '?')} "
+                          f"on host {holder.get('host', '?')}); wait for it to end or set another trainer.default_local_dir")
+
+
+def check_not_locked(folder: str | Path) -> None:
+    """RunFolderError if a live run holds ``folder``'s lock; creates nothing (a missing lock file is no lock)."""
+    path = Path(folder) / LOCK_FILE
+    if not path.is_file():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _in_use(path.parent, fd) from None
+    except OSError:
+        return  # a file system without locks: open_run_folder names it when the run starts
+    finally:
+        os.close(fd)
 
 
 def _read_holder(fd: int) -> dict[str, Any]:
@@ -94,11 +118,22 @@ def check_writable(folder: str | Path, key: str) -> None:
                              f"fix its permissions or point {key} elsewhere") from None
 
 
+def check_creatable(folder: str | Path, key: str) -> None:
+    """``check_writable``'s question without creating or writing anything (``folder_write_problem``)."""
+    problem = folder_write_problem(folder)
+    if problem is not None:
+        raise RunFolderError(f"config key '{key}': {Path(folder)} cannot be written: {problem}; "
+                             f"fix its permissions or point {key} elsewhere")
+
+
+FolderCheck = Callable[[str | Path, str], None]
+
+
 def is_rlflow_export(folder: Path) -> bool:
     return (folder / EXPORT_MARKER).is_file()
 
 
-def check_export_dir(folder: str | Path, key: str = "trainer.export_hf_dir") -> None:
+def check_export_dir(folder: str | Path, key: str = "trainer.export_hf_dir", writable: FolderCheck = check_writable) -> None:
     """Refuse an export folder rlflow would have to delete although rlflow did not write it."""
     path = Path(folder)
     if path.is_file():
@@ -106,12 +141,31 @@ def check_export_dir(folder: str | Path, key: str = "trainer.export_hf_dir") -> 
     if path.is_dir() and any(path.iterdir()) and not is_rlflow_export(path):
         raise RunFolderError(f"config key '{key}': {path} holds files rlflow did not export (no {EXPORT_MARKER}); "
                              f"the export replaces the folder, so name an empty or new folder")
-    check_writable(path.parent, key)
+    writable(path.parent, key)
 
 
 def export_dir(trainer_config: Any) -> Path:
     """Where the final HF export goes: ``trainer.export_hf_dir`` or ``<default_local_dir>/hf``."""
     return Path(trainer_config.export_hf_dir or Path(trainer_config.default_local_dir) / "hf")
+
+
+def _check_outputs(trainer: Any, writable: FolderCheck) -> None:
+    """The run folder and the export folders can be written (``writable``: creating them, or only asking)."""
+    writable(Path(trainer.default_local_dir), "trainer.default_local_dir")
+    check_export_dir(export_dir(trainer), writable=writable)
+    if trainer.export_lora_adapter_dir:
+        check_export_dir(trainer.export_lora_adapter_dir, "trainer.export_lora_adapter_dir", writable)
+
+
+def _check_resume(config: Any) -> None:
+    CheckpointManager.for_run(config).resolve(config.trainer.resume_mode, config.trainer.resume_from_path)
+
+
+def check_run_folder(config: Any) -> None:
+    """``open_run_folder``'s checks without creating, writing or locking anything (``--validate``)."""
+    _check_outputs(config.trainer, check_creatable)
+    check_not_locked(config.trainer.default_local_dir)
+    _check_resume(config)
 
 
 def open_run_folder(config: Any) -> RunLock:
@@ -121,10 +175,7 @@ def open_run_folder(config: Any) -> RunLock:
     """
     trainer = config.trainer
     folder = Path(trainer.default_local_dir)
-    check_writable(folder, "trainer.default_local_dir")
-    check_export_dir(export_dir(trainer))
-    if trainer.export_lora_adapter_dir:
-        check_export_dir(trainer.export_lora_adapter_dir, "trainer.export_lora_adapter_dir")
+    _check_outputs(trainer, check_writable)
     try:
         lock = RunLock(folder).acquire()
     except OSError as error:
@@ -133,7 +184,7 @@ def open_run_folder(config: Any) -> RunLock:
                                  f"({os.strerror(error.errno)}); use a local or NFSv4 folder") from None
         raise
     try:
-        CheckpointManager.for_run(config).resolve(trainer.resume_mode, trainer.resume_from_path)
+        _check_resume(config)
     except BaseException:
         lock.release()
         raise

@@ -1,6 +1,6 @@
 """User plugins: modules and ``.py`` files that every rlflow process imports before it builds anything.
 
-A plugin registers things by being imported (``@EngineRegistry.register(...)``,
+A plugin registers things by being imported (``@ENGINE_REGISTRY.register(...)``,
 ``@POLICY_LOSS_REGISTRY.register(...)``, ``@REWARD_REGISTRY.register(...)``, ...). The driver imports the plugins named by
 ``trainer.plugins`` before it validates its config; Ray worker hosts, ``torchrun`` ranks and
 reward worker processes import the same list before they build a role or unpickle a task.

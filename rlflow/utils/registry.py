@@ -150,11 +150,6 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def add(self, name: str | Enum, obj: T, *, override: bool = False, **metadata: Any) -> T:
-        """``register(name, ...)(obj)``; only the torchtitan model families still use it, until they are
-        registered by decorator like every other entry (tests/utils/test_registries.py lists them)."""
-        return self.register(name, override=override, **metadata)(obj)
-
     def _check(self, name: str, obj: T, override: bool) -> None:
         if self.base is not None and not (isinstance(obj, type) and issubclass(obj, self.base)):
             raise TypeError(f"{self.kind} {name!r} must be a subclass of {self.base.__name__}; got {obj!r}")

@@ -5,14 +5,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_lists import BUILTIN_ENGINES, builtin_engines_with
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rlflow.config import ConfigError
-from rlflow.trainer.entry_points import PPO_ENTRY, SFT_ENTRY
 from rlflow.config.loading.hydra_entry import CONFIG_DIR, expand_group_shorthands
+from rlflow.engines.base import Capability
+from rlflow.trainer.entry_points import PPO_ENTRY, SFT_ENTRY
 
 REPO = Path(__file__).resolve().parents[2]
+VALUE_ENGINES = builtin_engines_with(Capability.VALUE_MODEL)
 
 
 def compose_config(name: str, overrides: list[str]):
@@ -29,12 +32,19 @@ def test_every_group_option_validates(algorithm, rollout):
     assert cfg.actor.engine.name == "fsdp2"
 
 
-@pytest.mark.parametrize("engine", ["fsdp", "fsdp2"])
+@pytest.mark.parametrize("engine", BUILTIN_ENGINES)
 def test_engine_shorthand_picks_the_option_per_role(engine):
-    cfg = PPO_ENTRY.load(compose_config("ppo_trainer", [f"actor.engine={engine}"]))
-    assert cfg.actor.engine.name == engine and cfg.ref.engine.name == "fsdp2"
+    """Every built-in engine, on every PPO role it can host (critic and reward model: ``Capability.VALUE_MODEL``)."""
+    mounts = ["actor.engine"] + (["critic.engine", "reward.reward_model.engine"] if engine in VALUE_ENGINES else [])
+    cfg = PPO_ENTRY.load(compose_config("ppo_trainer", [f"{mount}={engine}" for mount in mounts]))
+    assert [OmegaConf.select(cfg, f"{mount}.name") for mount in mounts] == [engine] * len(mounts)
+    assert cfg.ref.engine.name == "fsdp2", "a role the command line leaves alone keeps its engine"
     sft = SFT_ENTRY.load(compose_config("sft_trainer", [f"engine={engine}"]))
     assert sft.engine.name == engine
+
+
+def test_the_value_engines_come_from_the_registry():
+    assert {"fsdp", "fsdp2"} <= set(VALUE_ENGINES), f"the registry declares {VALUE_ENGINES}"
 
 
 def test_shorthand_leaves_value_overrides_alone():

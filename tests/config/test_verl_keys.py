@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlflow.config import ConfigError
-from rlflow.config.verl_keys import render_markdown, rows
+from rlflow.config.verl_keys import find_row, render_markdown, rows, verl_key_message
 from rlflow.trainer.entry_points import compose_ppo_config, compose_sft_config
 from rlflow.config.loading.verl_overrides import is_rlflow_key, override_key
 
@@ -88,12 +88,27 @@ def test_in_process_compose_refuses_a_verl_key_and_keeps_shared_names():
     assert compose_ppo_config(["data.train_batch_size=8", "critic.ppo_epochs=2"]).data.train_batch_size == 8
 
 
-def test_cli_names_the_rlflow_key_in_one_line_before_ray(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "rlflow.trainer.main_ppo", "actor_rollout_ref.actor.optim.lr=1e-6"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    expected = ("error: unknown key 'actor_rollout_ref.actor.optim.lr': this is verl's name; "
-                "rlflow's is 'actor.engine.optimizer.lr' (docs/from_verl_keys.md)")
-    assert (result.returncode, result.stderr.strip(), result.stdout) == (2, expected, "")
+def test_every_verl_key_is_listed_in_one_error():
+    with pytest.raises(ConfigError) as raised:
+        compose_ppo_config(["actor_rollout_ref.actor.optim.lr=1e-6", "data.train_batch_size=8",
+                            "actor_rollout_ref.rollout.n=5", "+trainer.balance_batch=true", "--config-name=ppo_megatron_trainer"])
+    lines = str(raised.value).splitlines()
+    assert [line.split("'")[1] for line in lines[:4]] == [
+        "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.rollout.n", "trainer.balance_batch", "--config-name"]
+    assert "actor.engine=megatron ref.engine=megatron" in lines[3]
+    assert lines[4].startswith("4 verl keys or flags above; rlflow-from-verl translates")
+
+
+def test_cli_names_the_rlflow_keys_one_line_each_before_ray(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "rlflow.trainer.main_ppo", "actor_rollout_ref.actor.optim.lr=1e-6",
+                             "critic.optim.lr=1e-5"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    expected = [
+        "error: unknown key 'actor_rollout_ref.actor.optim.lr': this is verl's name; rlflow's is 'actor.engine.optimizer.lr' "
+        "(docs/from_verl_keys.md)",
+        "error: unknown key 'critic.optim.lr': this is verl's name; rlflow's is 'critic.engine.optimizer.lr' (docs/from_verl_keys.md)",
+        "error: 2 verl keys or flags above; rlflow-from-verl translates a whole verl command (docs/from_verl_keys.md)",
+    ]
+    assert (result.returncode, result.stderr.strip().splitlines(), result.stdout) == (2, expected, "")
 
 
 def test_checking_common_engine_keys_imports_no_other_engine():
@@ -109,3 +124,28 @@ def test_checking_common_engine_keys_imports_no_other_engine():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+EXAMPLE_KEYS = Path(__file__).resolve().parent / "verl_example_keys.txt"
+
+
+def example_keys(entry: str) -> list[str]:
+    lines = [line.split() for line in EXAMPLE_KEYS.read_text().splitlines() if line and not line.startswith("#")]
+    return [key for name, key in lines if name == entry]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_every_key_of_verls_example_scripts_has_its_own_row(entry):
+    """Not the generic "verl's layout" line: each key is mapped, or refused with its own reason."""
+    keys = example_keys(entry)
+    assert len(keys) > 50
+    missing = [key for key in keys if find_row(entry, key) is None and not is_rlflow_key(entry, key)]
+    assert missing == [], f"add rows to rlflow/config/verl_key_table.py for: {missing}"
+
+
+def test_megatron_parallel_sizes_map_to_the_megatron_engine():
+    for role, mount in (("actor_rollout_ref.actor", "actor.engine"), ("actor_rollout_ref.ref", "ref.engine"), ("critic", "critic.engine")):
+        for size in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+            assert verl_key_message("ppo_trainer", f"{role}.megatron.{size}").endswith(f"rlflow's is '{mount}.{size}' (docs/from_verl_keys.md)")
+    message = verl_key_message("ppo_trainer", "actor_rollout_ref.actor.megatron.override_transformer_config.moe_grouped_gemm")
+    assert "rlflow has no equivalent: the TransformerConfig comes from the HF config.json" in message

@@ -72,6 +72,19 @@ def test_prompt_response_pairs(tmp_path, tokenizer, write_rows, prompt):
     )
 
 
+def test_verls_nested_extra_info_columns_load_through_dotted_keys(tmp_path, tokenizer, write_rows):
+    """verl's GSM8K SFT files keep question and answer in the extra_info struct (its prompt_dict_keys=[question])."""
+    rows = [{"extra_info": {"question": "What is 2+2?", "answer": "2+2=4\n#### 4", "index": 0}, "prompt": "unused"}]
+    path = write_rows(tmp_path / "gsm8k.parquet", rows)
+    sample = SFTDataset(path, tokenizer, prompt_key="extra_info.question", response_key="extra_info.answer")[0]
+    assert tokenizer.decode(sample.input_ids) == tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "2+2=4\n#### 4"}], tokenize=False)
+    assert masked_segments(tokenizer, sample.input_ids, sample.loss_mask) == ["2+2=4\n#### 4" + END]
+    missing = write_rows(tmp_path / "missing.jsonl", [{"extra_info": {"question": "hi"}}])
+    with pytest.raises(DataError, match=r"row 0, field 'extra_info.answer': missing"):
+        SFTDataset(missing, tokenizer, prompt_key="extra_info.question", response_key="extra_info.answer")
+
+
 @pytest.mark.parametrize("policy", ["left", "right"])
 def test_truncation_keeps_the_right_tokens_and_mask(tmp_path, tokenizer, write_rows, policy):
     path = write_rows(tmp_path / "chat.jsonl", [{"messages": CHAT}])

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from rlflow.engines import Capability, EngineRegistry, HFModuleEngineConfig, ModuleEngine
+from rlflow.engines import Capability, ENGINE_REGISTRY, HFModuleEngineConfig, ModuleEngine
 
 __all__ = ["DDPTestEngine", "DDPTestEngineConfig"]
 
@@ -30,7 +30,7 @@ class DDPTestEngineConfig(HFModuleEngineConfig):
     bucket_cap_mb: int = 25  # DDP gradient all-reduce bucket size
 
 
-@EngineRegistry.register("test_ddp")
+@ENGINE_REGISTRY.register("test_ddp")
 class DDPTestEngine(ModuleEngine):
     """Replicated model, gradients all-reduced (average) by DDP once per mini-batch."""
 

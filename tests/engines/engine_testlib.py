@@ -27,10 +27,11 @@ from transformers import AutoModelForCausalLM
 
 import ddp_engine  # noqa: F401  (registers test_ddp in this process and in every spawned one)
 from rlflow.data.tasks.corpus import tokenizer_corpus
-from rlflow.engines import EngineRegistry, build_engine
-from rlflow.engines.base import BaseEngine, Capability
+from rlflow.engines import ENGINE_REGISTRY, build_engine
+from rlflow.engines.base import BaseEngine
 from rlflow.engines.common.optim.optimizer_step import OptimizerStepper
 from rlflow.engines.config import EngineConfig, LRSchedulerConfig, OptimizerConfig
+from rlflow.engines.registry import engines_with  # noqa: F401  (the suites import it from here)
 from rlflow.models.presets import build_preset
 from rlflow.protocol import DataProto
 
@@ -43,17 +44,12 @@ OPTIMIZER = {"lr": LR, "weight_decay": 0.1, "grad_clip": 1.0, "betas": [0.9, 0.9
 # cosine after 1 warmup step over 3 steps, floor 0.1: multipliers 1, 1, 0.55
 SCHEDULE = {"name": "cosine", "warmup_steps": 1, "total_steps": 3, "min_lr_ratio": 0.1}
 REFERENCE_LRS = [LR * 1.0, LR * 1.0, LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))]
-ENGINES = tuple(EngineRegistry.names())
-
-
-def engines_with(*needs: Capability, among: tuple[str, ...] = ENGINES) -> tuple[str, ...]:
-    """The engines of ``among`` (default: every registered one) whose class declares every capability in ``needs``."""
-    return tuple(name for name in among if set(needs) <= EngineRegistry.get(name).capabilities)
+ENGINES = tuple(ENGINE_REGISTRY.names())
 
 
 def engines_with_option(option: str) -> tuple[str, ...]:
     """The registered engines whose config has the field ``option``."""
-    return tuple(name for name in ENGINES if option in {f.name for f in fields(EngineRegistry.get(name).config_class)})
+    return tuple(name for name in ENGINES if option in {f.name for f in fields(ENGINE_REGISTRY.get(name).config_class)})
 
 
 def build_test_model(folder: Path) -> Path:

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from rlflow.engines.common.batching.micro_batching import plan_micro_batches
 from rlflow.engines.common.batching.packing import first_fit_rows, make_token_stream, row_width
-from rlflow.engines.common.forward.models import get_model_kind
+from rlflow.engines.common.forward.models import MODEL_KIND_REGISTRY
 
 
 # ------------------------------------------------------------------------------ micro-batching
@@ -109,7 +109,7 @@ def test_wide_packed_rows_keep_each_sequence_apart() -> None:
 def test_wide_packed_rows_give_the_padded_log_probs(model_path: Path) -> None:
     """The HF model itself on wide packed rows (several sequences and a filler block per row) against its padded batch."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa").eval()
-    forward = get_model_kind("causal_lm").forward_cls(model, logprob_chunk_size=64)
+    forward = MODEL_KIND_REGISTRY.get("causal_lm").forward_cls(model, logprob_chunk_size=64)
     generator = torch.Generator().manual_seed(3)
     lengths = [24, 13, 13, 13, 13]  # one per row at width 24; two rows at width 48
     ids = torch.randint(3, 100, (len(lengths), 24), generator=generator)

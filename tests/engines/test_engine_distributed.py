@@ -20,7 +20,7 @@ import torch
 from engine_scenarios import FSDP2_REDUCE_EVERY_MICRO, parity_configs
 from engine_testlib import ENGINES, REFERENCE_LRS, engines_with, engines_with_option, load_results
 from rlflow.algos import loss_agg_modes
-from rlflow.engines import Capability, DelegatingEngine, EngineRegistry, ModuleEngine
+from rlflow.engines import Capability, DelegatingEngine, ENGINE_REGISTRY, ModuleEngine
 
 TOKEN_TOL = 1e-5
 # The session fixtures each run one multi-configuration launch (about a minute of CPU); on a
@@ -34,8 +34,8 @@ def _results(folder: Path, name: str) -> dict[str, Any]:
 
 def test_the_suite_runs_the_documented_ddp_engine_and_one_that_is_not_a_module_engine() -> None:
     assert {"fsdp", "fsdp2", "megatron", "test_ddp"} <= set(ENGINES)
-    assert issubclass(EngineRegistry.get("test_ddp"), ModuleEngine)
-    megatron = EngineRegistry.get("megatron")
+    assert issubclass(ENGINE_REGISTRY.get("test_ddp"), ModuleEngine)
+    megatron = ENGINE_REGISTRY.get("megatron")
     assert issubclass(megatron, DelegatingEngine) and not issubclass(megatron, ModuleEngine)
     assert "test_ddp" in engines_with(Capability.VALUE_MODEL) and "test_ddp" not in engines_with(Capability.MIXED_PRECISION)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import ddp_engine  # noqa: F401  (registers test_ddp)
-from rlflow.engines import BaseEngine, EngineConfigError, EngineRegistry, build_engine, get_engine_cls
+from rlflow.engines import BaseEngine, EngineConfigError, ENGINE_REGISTRY, build_engine, get_engine_cls
 from rlflow.engines.config import EngineConfig, HFModuleEngineConfig, config_from_mapping
 from rlflow.engines.fsdp import FSDPEngine, FSDPEngineConfig
 from rlflow.engines.fsdp2 import FSDP2Engine, FSDP2EngineConfig
@@ -46,18 +46,18 @@ def test_registering_a_new_engine() -> None:
         name: str = "toy_test_engine"
         toy_knob: int = 3
 
-    with EngineRegistry.temporary():
+    with ENGINE_REGISTRY.temporary():
 
-        @EngineRegistry.register("toy_test_engine")
+        @ENGINE_REGISTRY.register("toy_test_engine")
         class ToyEngine(FSDP2Engine):
             config_class = ToyConfig
 
         engine = build_engine({"name": "toy_test_engine", "toy_knob": 5}, "unused")
         assert isinstance(engine, ToyEngine) and engine.config.toy_knob == 5
-        assert "toy_test_engine" in EngineRegistry.names()
+        assert "toy_test_engine" in ENGINE_REGISTRY.names()
         with pytest.raises(TypeError):
-            EngineRegistry.register("not_an_engine")(dict)
-    assert "toy_test_engine" not in EngineRegistry
+            ENGINE_REGISTRY.register("not_an_engine")(dict)
+    assert "toy_test_engine" not in ENGINE_REGISTRY
     assert issubclass(ToyEngine, BaseEngine)
 
 

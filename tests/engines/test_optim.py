@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from engine_testlib import toy_backward, toy_stepper
 from rlflow.engines import EngineConfigError
-from rlflow.engines.common.optim.lr_schedulers import LR_SCHEDULE_REGISTRY, LRSchedule, register_lr_schedule
+from rlflow.engines.common.optim.lr_schedulers import LR_SCHEDULE_REGISTRY, LRSchedule
 from rlflow.engines.common.optim.offload import HOST, HostOffload
 from rlflow.engines.common.optim.optimizers import build_adamw, clean_param_name, no_decay_names
 from rlflow.engines.config import ADAMW_IMPLEMENTATIONS, EngineConfig, LRSchedulerConfig, OptimizerConfig, config_from_mapping
@@ -41,10 +41,17 @@ def test_schedule_errors_and_registry() -> None:
     with pytest.raises(EngineConfigError, match="total_steps"):
         LRSchedule(LRSchedulerConfig(name="cosine", warmup_steps=5, total_steps=0), 1.0)
     with LR_SCHEDULE_REGISTRY.temporary():
-        register_lr_schedule("half_test", needs_total_steps=False)(lambda progress, floor: 0.5)
+        @LR_SCHEDULE_REGISTRY.register("half_test", needs_total_steps=False)
+        def half(progress: float, floor: float) -> float:
+            return 0.5
+
         assert LRSchedule(LRSchedulerConfig(name="half_test"), 4.0).current_lr() == 2.0
-        register_lr_schedule("half_decay_test")(lambda progress, floor: 0.5)
-        with pytest.raises(EngineConfigError, match="total_steps"):  # needs_total_steps defaults to True
+
+        @LR_SCHEDULE_REGISTRY.register("half_decay_test", needs_total_steps=True)
+        def half_decay(progress: float, floor: float) -> float:
+            return 0.5
+
+        with pytest.raises(EngineConfigError, match="total_steps"):
             LRSchedule(LRSchedulerConfig(name="half_decay_test"), 4.0)
 
 

@@ -15,7 +15,7 @@ from rlflow.engines.common.batching.prefix_sharing import prefix_row_groups, sha
 from rlflow.engines.common.batching.varlen_sdpa import SDPA_VARLEN, sequence_grid
 from rlflow.engines.common.forward.forward_backward import run_forward_backward
 from rlflow.engines.common.forward.hf_module import forward_micro_batch, load_forward_module
-from rlflow.engines.common.forward.models import get_model_kind
+from rlflow.engines.common.forward.models import MODEL_KIND_REGISTRY
 from rlflow.engines.config import EngineConfigError, HFModuleEngineConfig, config_from_mapping
 from rlflow.protocol import DataProto
 
@@ -69,7 +69,7 @@ def test_outputs_and_gradients_match_the_hf_model_on_the_padded_batch(model_path
     runs = {}
     for name, config in (("shared", _config(attn_implementation=SDPA_VARLEN, share_prefix=True)),
                          ("hf", _config(attn_implementation="sdpa", use_remove_padding=False))):
-        module = load_forward_module(get_model_kind(kind), model_path, config, rank=0).to(device).train()
+        module = load_forward_module(MODEL_KIND_REGISTRY.get(kind), model_path, config, rank=0).to(device).train()
         outputs = forward_micro_batch(module, batch, config, config.attn_implementation, torch.device(device))
         values = outputs["log_probs" if kind == "causal_lm" else "values"].cpu() * batch.batch["attention_mask"]
         (values * torch.linspace(-1, 1, values.shape[-1])).sum().backward()

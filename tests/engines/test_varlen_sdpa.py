@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from rlflow.engines.common.batching.packing import make_token_stream
 from rlflow.engines.common.batching.varlen_sdpa import SDPA_VARLEN, sequence_grid
 from rlflow.engines.common.forward.hf_module import forward_micro_batch, load_forward_module
-from rlflow.engines.common.forward.models import get_model_kind
+from rlflow.engines.common.forward.models import MODEL_KIND_REGISTRY
 from rlflow.engines.config import HFModuleEngineConfig, config_from_mapping
 from rlflow.protocol import DataProto
 
@@ -67,7 +67,7 @@ def test_outputs_and_gradients_match_the_hf_model_on_the_padded_batch(
     runs = {}
     for attn, layout in ((SDPA_VARLEN, remove_padding), ("sdpa", False)):
         config = _engine_config(attn, layout)
-        module = load_forward_module(get_model_kind(kind), model_path, config, rank=0).to(device).train()
+        module = load_forward_module(MODEL_KIND_REGISTRY.get(kind), model_path, config, rank=0).to(device).train()
         outputs = forward_micro_batch(module, batch, config, attn, torch.device(device), hidden_size=10**6)
         key = "log_probs" if kind == "causal_lm" else "values"
         values = outputs[key].cpu() * batch.batch["loss_mask"]

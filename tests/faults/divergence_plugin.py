@@ -13,10 +13,10 @@ from typing import Any, Optional
 
 from rlflow.engines.config import StepHyperparams
 from rlflow.engines.fsdp2 import FSDP2Engine
-from rlflow.engines.registry import EngineRegistry
+from rlflow.engines.registry import ENGINE_REGISTRY
 
 
-@EngineRegistry.register("nan_grad_fsdp2")
+@ENGINE_REGISTRY.register("nan_grad_fsdp2")
 class NaNGradFSDP2Engine(FSDP2Engine):
     """FSDP2 whose loss has diverged: every gradient is NaN when the optimizer step comes."""
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlflow.engines.fsdp2 import FSDP2Engine
-from rlflow.engines.registry import EngineRegistry
+from rlflow.engines.registry import ENGINE_REGISTRY
 from rlflow.rollout.base import ROLLOUT_REGISTRY
 from rlflow.rollout.vllm_rollout import VLLMRollout
 
@@ -40,7 +40,7 @@ def enter(phase: str) -> None:
         time.sleep(HOLD_S)
 
 
-@EngineRegistry.register("phase_fsdp2")
+@ENGINE_REGISTRY.register("phase_fsdp2")
 class PhaseFSDP2Engine(FSDP2Engine):
     """FSDP2 that marks its training ``forward_backward`` ("update") and ``save_checkpoint`` ("save")."""
 

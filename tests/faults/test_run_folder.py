@@ -17,7 +17,7 @@ from rlflow.engines.common.checkpoint.hf_export import EXPORT_MARKER, write_hf_f
 from rlflow.errors import CheckpointError, UserError
 from rlflow.trainer.checkpoint import CheckpointManager
 from rlflow.trainer.fingerprint import DATA_CONTENT_KEY, fingerprint_differences, is_free
-from rlflow.trainer.run_folder import LOCK_FILE, RunFolderError, RunLock, check_export_dir, open_run_folder
+from rlflow.trainer.run_folder import LOCK_FILE, RunFolderError, RunLock, check_export_dir, check_run_folder, open_run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,3 +160,40 @@ def test_open_run_folder_checks_the_resume_before_ray(tmp_path):
         open_run_folder(_config(tmp_path))
     RunLock(tmp_path / "run").acquire().release()  # the refused run let go of the lock
     open_run_folder(_config(tmp_path, "trainer.resume_mode=force")).release()
+
+
+def _tree(folder: Path) -> list[str]:
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*"))
+
+
+def test_the_validate_check_asks_the_same_questions_and_creates_nothing(tmp_path):
+    """check_run_folder (--validate) passes a fresh folder without creating it, and refuses what open_run_folder refuses."""
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1", "data_source": "x"}\n')
+    before = _tree(tmp_path)
+    check_run_folder(_config(tmp_path, f"trainer.default_local_dir={tmp_path / 'new' / 'run'}"))
+    assert _tree(tmp_path) == before
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(RunFolderError, match=r"^config key 'trainer.default_local_dir': .*a_file/run cannot be written: "
+                                             r".*a_file is a file, not a folder"):
+        check_run_folder(_config(tmp_path, f"trainer.default_local_dir={blocker / 'run'}"))
+    user_folder = tmp_path / "mine"
+    user_folder.mkdir()
+    (user_folder / "notes.txt").write_text("precious")
+    with pytest.raises(RunFolderError, match=r"trainer.export_hf_dir.*mine holds files rlflow did not export"):
+        check_run_folder(_config(tmp_path, f"trainer.export_hf_dir={user_folder}"))
+
+
+def test_the_validate_check_finds_a_live_run_and_takes_no_lock(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = _hold_lock_in_a_process(run)
+    try:
+        with pytest.raises(RunFolderError, match=f"in use by another run \\(pid {holder.pid}"):
+            check_run_folder(_config(tmp_path))
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    check_run_folder(_config(tmp_path))  # the holder is gone: the check passes
+    with RunLock(run).acquire():  # and left no lock behind
+        pass

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from rlflow.engines.fsdp2 import FSDP2Engine
-from rlflow.engines.registry import EngineRegistry
+from rlflow.engines.registry import ENGINE_REGISTRY
 from rlflow.utils.plugins import load_module_file
 
 HUNG_RANK = 1
 hang = load_module_file(Path(__file__).with_name("hang_reward.py")).hang
 
 
-@EngineRegistry.register("hang_fsdp2")
+@ENGINE_REGISTRY.register("hang_fsdp2")
 class HangingFSDP2Engine(FSDP2Engine):
     """FSDP2 whose rank ``HUNG_RANK`` sleeps in a training ``forward_backward`` instead of computing."""
 

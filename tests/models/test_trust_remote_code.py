@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from rlflow.engines.common.forward.hf_module import load_forward_module
-from rlflow.engines.common.forward.models import get_model_kind
+from rlflow.engines.common.forward.models import MODEL_KIND_REGISTRY
 from rlflow.engines.config import config_from_mapping
 from rlflow.engines.fsdp2 import FSDP2EngineConfig
 from rlflow.models.loading import load_tokenizer
@@ -43,8 +43,8 @@ def loads(monkeypatch) -> dict[str, list]:
 @pytest.mark.parametrize("trust", [True, False])
 def test_engine_loads_pass_the_engine_configs_flag(loads, tiny_preset, trust):
     config = config_from_mapping(FSDP2EngineConfig, {"name": "fsdp2", "trust_remote_code": trust})
-    load_forward_module(get_model_kind("causal_lm"), tiny_preset, config, rank=0)
-    load_forward_module(get_model_kind("value"), tiny_preset, config, rank=0)
+    load_forward_module(MODEL_KIND_REGISTRY.get("causal_lm"), tiny_preset, config, rank=0)
+    load_forward_module(MODEL_KIND_REGISTRY.get("value"), tiny_preset, config, rank=0)
     assert loads == {"AutoModelForCausalLM": [trust], "AutoModelForTokenClassification": [trust]}
 
 

@@ -2,7 +2,8 @@
 
 The engine from docs/engines.md: one replicated module, gradients all-reduced by DDP. It has no
 YAML under rlflow/configs/engine/, so ``engine.name=user_ddp`` composes a node of the command line's
-keys and ``UserDDPEngineConfig`` supplies every other default.
+keys and ``UserDDPEngineConfig`` supplies every other default. The SFT parity suite
+(tests/trainer/test_sft_parity.py) trains with it through ``trainer.plugins``, as a user would.
 """
 
 from __future__ import annotations
@@ -12,18 +13,20 @@ from dataclasses import dataclass
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from rlflow.engines import EngineRegistry, HFModuleEngineConfig, ModuleEngine
+from rlflow.engines.common.module_engine import ModuleEngine
+from rlflow.engines.config import HFModuleEngineConfig
+from rlflow.engines.registry import ENGINE_REGISTRY
 
 
 @dataclass
 class UserDDPEngineConfig(HFModuleEngineConfig):
-    """The shared engine options plus DDP's bucket size."""
+    """The options of an engine over one HF module, plus DDP's bucket size."""
 
     name: str = "user_ddp"
     bucket_cap_mb: int = 25
 
 
-@EngineRegistry.register("user_ddp")
+@ENGINE_REGISTRY.register("user_ddp")
 class UserDDPEngine(ModuleEngine):
     """Replicated model, gradients averaged by DDP."""
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from rlflow.algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn
 from rlflow.engines.config import StepHyperparams
 from rlflow.engines.fsdp2 import FSDP2Engine, FSDP2EngineConfig
-from rlflow.engines.registry import EngineRegistry
+from rlflow.engines.registry import ENGINE_REGISTRY
 from rlflow.rewards import REWARD_REGISTRY
 
 MARKER_ENV = "RLFLOW_PLUGIN_MARKERS"
@@ -39,7 +39,7 @@ class UserFSDP2Config(FSDP2EngineConfig):
     marker_dir: str = ""  # where each rank leaves its marker on every optimizer step ("": nowhere)
 
 
-@EngineRegistry.register("user_fsdp2")
+@ENGINE_REGISTRY.register("user_fsdp2")
 class UserFSDP2Engine(FSDP2Engine):
     """The FSDP2 engine, marking every optimizer step with this process's rank."""
 

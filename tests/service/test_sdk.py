@@ -1,11 +1,11 @@
 """The real ``tinker`` SDK (pinned, from the package index) against a live ``python -m rlflow.service``.
 
-For each engine (fsdp2, and fsdp: the other engine with LoRA) one server serves the tiny preset and the
-demo's SFT warm start: a supervised loop whose loss falls, forward log-probs equal to the HF model's, an
-RL loop whose sampled reward on held-out prompts of the demo task rises, and a save -> load -> sample
-round trip with identical greedy samples (a later, different sampler in between). On the fsdp2 server:
-a tinker-cookbook recipe from its own venv, 8 concurrent clients, and the errors (401, malformed
-protobuf, unknown model, too long, a seq_id gap, a failing request, a killed worker).
+For each built-in engine with ``Capability.LORA`` (the service trains adapters: fsdp and fsdp2 today) one
+server serves the tiny preset and the demo's SFT warm start: a supervised loop whose loss falls, forward
+log-probs equal to the HF model's, an RL loop whose sampled reward on held-out prompts of the demo task
+rises, and a save -> load -> sample round trip with identical greedy samples (a later, different sampler
+in between). On the fsdp2 server: a tinker-cookbook recipe from its own venv, 8 concurrent clients, and the
+errors (401, malformed protobuf, unknown model, too long, a seq_id gap, a failing request, a killed worker).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tinker
 import torch
+from engine_lists import builtin_engines_with
 from service_runner import API_KEY, REPO, start_service
 from sdk_clients import ARITHMETIC, TaskRows, greedy, load_test, rl_step, sft_data, supervised_loop
 from tinker import types
@@ -29,7 +30,9 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-ENGINES = ["fsdp2", "fsdp"]
+from rlflow.engines.base import Capability
+
+ENGINES = builtin_engines_with(Capability.LORA)
 RANK = 8
 # The RL test scores the mean reward of 4 samples on each of the demo's 256 val prompts. Greedy accuracy
 # was too noisy to test: healthy runs gained 0 to +0.08 on 64 prompts, and +0.000 in 2 of 6 runs from a

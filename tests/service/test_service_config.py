@@ -10,7 +10,7 @@ import pytest
 from one_line_errors import one_line_error
 from service_runner import REPO
 
-from rlflow.service.config import compose_service_config
+from rlflow.service.config import SERVICE_ENTRY, compose_service_config
 from rlflow.service.main import prepare
 
 
@@ -51,3 +51,13 @@ def test_the_command_exits_2_with_one_line_before_ray_starts(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().startswith("error: config key 'service.models': ") and "\n" not in result.stderr.strip()
     assert "Ray" not in result.stdout + result.stderr
+
+
+def test_validate_checks_models_port_and_checkpoint_folder_and_creates_nothing(tiny_model, tmp_path):
+    overrides = ["service.api_keys=[tml-a]", f"service.models.tiny={tiny_model}", "service.port=0"]
+    SERVICE_ENTRY.preflight(compose_service_config(overrides + [f"service.checkpoint_dir={tmp_path / 'new' / 'ckpt'}"]))
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "a_file").write_text("")
+    message = one_line_error(lambda o: SERVICE_ENTRY.preflight(compose_service_config(o)),
+                             overrides + [f"service.checkpoint_dir={tmp_path / 'a_file' / 'ckpt'}"])
+    assert message.startswith("config key 'service.checkpoint_dir': ") and "a_file is a file, not a folder" in message

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlflow.engines import EngineConfigError, EngineRegistry
+from rlflow.engines import EngineConfigError, ENGINE_REGISTRY
 from rlflow.errors import UserError
 from rlflow.utils.registry import PackageDiscovery, Registry, UnknownNameError
 
@@ -194,9 +194,9 @@ def test_temporary_keeps_what_discovery_imported(engine_package: str):
 
 
 def test_engine_registry_lists_builtin_engines_but_not_infrastructure():
-    names = EngineRegistry.names()
+    names = ENGINE_REGISTRY.names()
     assert {"fsdp", "fsdp2"} <= set(names)
     assert not {"base", "config", "registry", "common"} & set(names)
-    assert EngineRegistry.get("fsdp2").__module__ == "rlflow.engines.fsdp2"
+    assert ENGINE_REGISTRY.get("fsdp2").__module__ == "rlflow.engines.fsdp2"
     with pytest.raises(EngineConfigError, match=r"unknown engine 'nope' \(config key engine.name\); registered: .*fsdp2"):
-        EngineRegistry.get("nope")
+        ENGINE_REGISTRY.get("nope")

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlflow.config import ConfigError
 from rlflow.engines.common.forward.lora import check_adapter_folder
 from rlflow.engines.config import EngineConfigError, config_from_mapping
-from rlflow.engines.registry import EngineRegistry, check_engine_model
+from rlflow.engines.registry import ENGINE_REGISTRY, check_engine_model
 
 __all__ = ["check_engine_fits", "check_engine_supports", "engine_schema_resolver"]
 
@@ -27,7 +27,7 @@ def engine_schema_resolver(mount: str) -> Callable[[DictConfig], type]:
 
     def resolve(node: DictConfig) -> type:
         try:
-            return EngineRegistry.get(str(node.get("name")), config_key=f"{mount}.name").config_class
+            return ENGINE_REGISTRY.get(str(node.get("name")), config_key=f"{mount}.name").config_class
         except EngineConfigError as error:
             raise ConfigError(str(error)) from None
 
@@ -37,7 +37,7 @@ def engine_schema_resolver(mount: str) -> Callable[[DictConfig], type]:
 def check_engine_supports(config: DictConfig, mount: str) -> None:
     """The engine at ``mount`` supports what its options ask for (``BaseEngine.check_supported``), else one line."""
     node = OmegaConf.select(config, mount)
-    engine_class = EngineRegistry.get(str(node.name), config_key=f"{mount}.name")
+    engine_class = ENGINE_REGISTRY.get(str(node.name), config_key=f"{mount}.name")
     try:
         engine_config = config_from_mapping(engine_class.config_class, node)
         engine_class.check_supported(engine_config)

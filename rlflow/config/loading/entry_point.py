@@ -11,13 +11,21 @@ depends on no driver.
 keys and types against the schema (each engine node against its engine's config class), every
 choice value, what the policy engine supports, the timeouts, bf16/fp16 on this CPU, and last the
 entry point's own checks.
+
+``--validate`` on the command line of any entry point runs ``load`` and then the entry point's
+``preflight``: the rest of what its run checks before Ray starts (model and data files, batch
+sizes against the ranks, the run folder), handed in by the driver so that this package imports
+none. It prints the resolved config and exits 0, or prints the problem and exits 2; it starts no
+Ray and writes nothing in the run folder. Hydra's ``--cfg job`` stays what it is: the composed
+config, printed before any of these checks.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+import sys
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
@@ -33,6 +41,7 @@ from rlflow.utils.plugins import import_plugins
 PLUGIN_KEYS = ("trainer.plugins", "trainer.external_lib")
 
 ConfigCheck = Callable[[DictConfig], None]
+VALIDATE_FLAG = "--validate"
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,9 @@ class EntryPoint:
     are checked against the engine's capabilities. ``group_shorthands`` maps a mount key to its
     group (``actor.engine=fsdp`` for ``engine@actor.engine=fsdp``); keys under
     ``free_form_mappings`` may be new. ``choices`` and ``dtype_keys`` list the entry point's choice
-    and compute-dtype keys (called after the plugins are imported); ``checks`` run last.
+    and compute-dtype keys (called after the plugins are imported); ``checks`` run last in ``load``.
+    ``preflight`` is what ``--validate`` runs after ``load``: the driver's own pre-Ray checks, which
+    must start nothing and create nothing in the run folder (the run performs them on its way to Ray).
     """
 
     config_name: str
@@ -56,6 +67,7 @@ class EntryPoint:
     group_shorthands: Mapping[str, str] = field(default_factory=dict)
     free_form_mappings: tuple[str, ...] = ()
     checks: tuple[ConfigCheck, ...] = ()
+    preflight: Optional[ConfigCheck] = None
 
     def load(self, cfg: DictConfig) -> DictConfig:
         """Validate a composed (raw) config of this entry point; raises a ``UserError`` naming the bad key."""
@@ -74,9 +86,32 @@ class EntryPoint:
         """The validated config this entry point builds from these command-line overrides, composed in-process."""
         return self.load(compose_hydra_config(self.config_name, overrides, self.group_shorthands, self.free_form_mappings))
 
+    def validate(self, cfg: DictConfig) -> DictConfig:
+        """Every check a run makes before Ray starts (``load``, then ``preflight``); returns the resolved config."""
+        config = self.load(cfg)
+        if self.preflight is not None:
+            self.preflight(config)
+        return config
+
     def run(self, body: Callable[[DictConfig], object]) -> None:
-        """Parse ``sys.argv`` with Hydra, validate, then call ``body(config)``; a ``UserError`` exits 2 with one line."""
+        """Parse ``sys.argv`` with Hydra, validate, then call ``body(config)``; a ``UserError`` exits 2, one line per problem.
+
+        With ``--validate`` anywhere in the arguments, ``body`` is not called: the resolved config
+        is printed once ``validate`` passes (exit 0).
+        """
+        if VALIDATE_FLAG in sys.argv[1:]:
+            sys.argv = [arg for arg in sys.argv if arg != VALIDATE_FLAG]
+            run_hydra_entry(self.config_name, _print_resolved(self.validate), self.group_shorthands, self.free_form_mappings)
+            return
         run_hydra_entry(self.config_name, lambda cfg: body(self.load(cfg)), self.group_shorthands, self.free_form_mappings)
+
+
+def _print_resolved(validate: Callable[[DictConfig], DictConfig]) -> Callable[[DictConfig], None]:
+    def validate_and_print(cfg: DictConfig) -> None:
+        print(OmegaConf.to_yaml(validate(cfg)), end="")
+        print("config valid: every pre-Ray check passed", file=sys.stderr)
+
+    return validate_and_print
 
 
 def _plugin_specs(cfg: DictConfig, key: str) -> list[str]:

@@ -92,6 +92,12 @@ def compose_hydra_config(config_name: str, overrides: Sequence[str], group_mount
         return compose(config_name, add_free_form_keys(expand_group_shorthands(list(overrides), group_mounts), free_form_mappings))
 
 
+def print_user_error(error: UserError) -> None:
+    """``error:`` and the message on stderr, once per line (a check that lists several problems gives one line each)."""
+    for line in str(error).splitlines() or [""]:
+        print(f"error: {line}", file=sys.stderr)
+
+
 def run_hydra_entry(
     config_name: str,
     run: Callable[[DictConfig], None],
@@ -102,7 +108,7 @@ def run_hydra_entry(
 
     Keys under ``free_form_mappings`` may be new (``add_free_form_keys``).
 
-    A key in verl's spelling stops it first, with the line naming rlflow's key (``verl_overrides``).
+    Keys in verl's spelling stop it first, with one line each naming rlflow's key (``verl_overrides``).
 
     The controller itself runs one torch thread: it only moves batches and does cheap batch math,
     and a second thread on a loaded small machine made its tensor work many times slower.
@@ -111,7 +117,7 @@ def run_hydra_entry(
     try:
         check_verl_overrides(config_name, sys.argv[1:])
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_user_error(error)
         sys.exit(2)
     argv = add_free_form_keys(expand_group_shorthands(sys.argv[1:], group_mounts or {}), free_form_mappings)
     sys.argv = [sys.argv[0], *argv]
@@ -121,7 +127,7 @@ def run_hydra_entry(
         try:
             run(cfg)
         except UserError as error:
-            print(f"error: {error}", file=sys.stderr)
+            print_user_error(error)
             sys.exit(2)
 
     _main()

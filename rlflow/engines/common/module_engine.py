@@ -35,7 +35,7 @@ from rlflow.engines.common.distributed import join_process_group
 from rlflow.engines.common.forward.forward_backward import run_forward_backward
 from rlflow.engines.common.forward.hf_module import forward_micro_batch, hf_named_tensors, load_forward_module
 from rlflow.engines.common.forward.lora import ADAPTER_CONFIG_FILE, LoraAdapters, adapters_disabled, is_adapter_param
-from rlflow.engines.common.forward.models import ForwardModule, get_model_kind
+from rlflow.engines.common.forward.models import MODEL_KIND_REGISTRY, ForwardModule
 from rlflow.engines.common.optim.offload import HostOffload
 from rlflow.engines.common.optim.optimizer_step import OptimizerStepper
 from rlflow.engines.common.optim.optimizers import build_adamw, move_optimizer_state, no_decay_names
@@ -62,7 +62,7 @@ class ModuleEngine(DelegatingEngine):
 
     def __init__(self, config: EngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
         super().__init__(config, model_path, model_kind)
-        self.kind = get_model_kind(model_kind)
+        self.kind = MODEL_KIND_REGISTRY.get(model_kind)
         self.module: Optional[nn.Module] = None
 
     def initialize(self) -> None:

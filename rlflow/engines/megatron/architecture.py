@@ -1,6 +1,6 @@
 """HF config -> megatron-core ``GPTModel``: the transformer config, the layer spec and the model's arguments.
 
-The families the engine builds are registered by HF ``model_type`` (``FAMILIES``): Llama, Qwen2 and
+The families the engine builds are registered by HF ``model_type`` (``MEGATRON_FAMILY_REGISTRY``): Llama, Qwen2 and
 Qwen3 are one decoder in megatron (``GPTModel``) and differ in two switches, Qwen2's q/k/v biases and
 Qwen3's q/k RMSNorms. Everything else comes from the HF config, so any checkpoint of a family loads:
 layers, hidden and MLP sizes, heads and query groups (GQA), head size (``kv_channels``), RMSNorm
@@ -31,21 +31,37 @@ from rlflow.engines.config import EngineConfigError
 from rlflow.engines.megatron.attention import MaskedSDPAttention
 from rlflow.utils.registry import Registry
 
-__all__ = ["FAMILIES", "Family", "ModelLayout", "gpt_model_kwargs", "layer_spec", "padded_vocab_size", "transformer_config"]
+__all__ = ["MEGATRON_FAMILY_REGISTRY", "Family", "ModelLayout", "gpt_model_kwargs", "layer_spec", "padded_vocab_size", "transformer_config"]
 
 
-@dataclass(frozen=True)
 class Family:
-    """The switches of one HF model family on megatron's GPT decoder."""
+    """The switches of one HF model family on megatron's GPT decoder: subclass it and register the subclass."""
 
-    qkv_bias: bool  # biases on the q/k/v projections (and none on the output projection)
-    qk_norm: bool  # RMSNorm on each head's queries and keys
+    qkv_bias: bool = False  # biases on the q/k/v projections (and none on the output projection)
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys
 
 
-FAMILIES: Registry[Family] = Registry("megatron model family", "config.json model_type", error=EngineConfigError)
-FAMILIES.register("llama")(Family(qkv_bias=False, qk_norm=False))
-FAMILIES.register("qwen2")(Family(qkv_bias=True, qk_norm=False))
-FAMILIES.register("qwen3")(Family(qkv_bias=False, qk_norm=True))
+MEGATRON_FAMILY_REGISTRY: Registry[type[Family]] = Registry("megatron model family", "config.json model_type",
+                                                            error=EngineConfigError, base=Family)
+
+
+@MEGATRON_FAMILY_REGISTRY.register("llama")
+class Llama(Family):
+    """Llama: the plain decoder."""
+
+
+@MEGATRON_FAMILY_REGISTRY.register("qwen2")
+class Qwen2(Family):
+    """Qwen2: biases on the q/k/v projections."""
+
+    qkv_bias = True
+
+
+@MEGATRON_FAMILY_REGISTRY.register("qwen3")
+class Qwen3(Family):
+    """Qwen3: RMSNorm on each head's queries and keys."""
+
+    qk_norm = True
 
 
 @dataclass(frozen=True)
@@ -67,8 +83,8 @@ class ModelLayout:
         return self.first_stage_layers(num_layers) + (stage - 1) * (num_layers // self.pipeline_parallel)
 
 
-def _family(hf: PretrainedConfig) -> Family:
-    return FAMILIES.get(str(getattr(hf, "model_type", "")))
+def _family(hf: PretrainedConfig) -> type[Family]:
+    return MEGATRON_FAMILY_REGISTRY.get(str(getattr(hf, "model_type", "")))
 
 
 def _refuse_unsupported(hf: PretrainedConfig, layout: ModelLayout) -> None:

@@ -45,7 +45,7 @@ from rlflow.engines.common.checkpoint.checkpointing import MODEL_OPTIM_DIR, Engi
 from rlflow.engines.common.checkpoint.hf_export import save_hf_from_export
 from rlflow.engines.common.delegating_engine import DelegatingEngine
 from rlflow.engines.common.distributed import join_process_group
-from rlflow.engines.common.forward.models import get_model_kind
+from rlflow.engines.common.forward.models import MODEL_KIND_REGISTRY
 from rlflow.engines.common.optim.offload import HOST, HostOffload
 from rlflow.engines.common.optim.optimizer_step import OptimizerStepper, clip_to_norm
 from rlflow.engines.common.optim.optimizers import build_adamw, move_optimizer_state
@@ -58,7 +58,7 @@ from rlflow.engines.megatron.parallel import join_model_parallel
 from rlflow.engines.megatron.schedule import run_schedule
 from rlflow.engines.megatron.state import iter_whole_tensors, model_state, optimizer_state, whole_tensors_from_checkpoint
 from rlflow.engines.megatron.weights import hf_from_whole, tensor_parallel_dim
-from rlflow.engines.registry import EngineRegistry
+from rlflow.engines.registry import ENGINE_REGISTRY
 from rlflow.models.hf_checkpoint import require_model_folder, resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.utils.device import resolve_device_type
@@ -90,7 +90,7 @@ class MegatronEngineConfig(EngineConfig):
         }
 
 
-@EngineRegistry.register("megatron")
+@ENGINE_REGISTRY.register("megatron")
 class MegatronEngine(DelegatingEngine):
     """megatron-core ``GPTModel`` engine: tensor, pipeline and data parallelism, causal LMs and value models."""
 
@@ -100,7 +100,7 @@ class MegatronEngine(DelegatingEngine):
 
     def __init__(self, config: MegatronEngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
         super().__init__(config, model_path, model_kind)
-        self.kind = get_model_kind(model_kind)
+        self.kind = MODEL_KIND_REGISTRY.get(model_kind)
         self.plan, self.transformer_config = self._plan(config, self.model_path, model_kind)
         self.on_cpu = resolve_device_type(config.device) == "cpu"
         self.dtype = resolve_dtype(config.dtype)

@@ -85,9 +85,9 @@ def run_schedule(
     """``BaseEngine.forward_backward`` for one megatron model (``model``: the DDP-wrapped ``StageForward``);
     ``stream_layout(micro_batch)`` lays a micro-batch out for the model."""
     check_batch(batch, loss_fn, forward_only)
+    training = loss_fn is not None and not forward_only
     plan = plan_micro_batches(
-        batch.batch["attention_mask"].sum(-1).tolist(), micro_batch_size=config.micro_batch_size,
-        use_dynamic_bsz=config.use_dynamic_bsz, max_token_len=config.max_token_len_per_micro_batch,
+        batch.batch["attention_mask"].sum(-1).tolist(), **config.micro_batch_limits(training),
         group=ranks.dp_group, device=device,
     )
     counts = global_counts(batch, len(plan.groups), ranks.dp_group, device) if loss_fn is not None else None
@@ -105,7 +105,6 @@ def run_schedule(
         output = stage_model(micro.stream, temperature, compute_entropy)
         return output, lambda outputs: record.loss_func(micro, loss_fn, counts, len(plan.groups), outputs)
 
-    training = loss_fn is not None and not forward_only
     with torch.set_grad_enabled(training):
         get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[model],

@@ -3,7 +3,7 @@
 Each ``TitanArchitecture`` names torchtitan's own pieces for one family: the model config
 (derived here from the HF ``config.json``, so any checkpoint of the family loads, not only
 torchtitan's named sizes), its HF state-dict adapter (``from_hf`` / ``to_hf``) and its
-parallelize function. Adding a family is one registered builder.
+parallelize function. Adding a family is one registered ``TitanArchitecture`` subclass.
 
 What the derivation takes from the HF config: hidden size, layers, heads, KV heads, head dim,
 MLP width, vocabulary, RMSNorm eps, rotary base (and Llama-3 rotary scaling), tied embeddings,
@@ -23,7 +23,7 @@ every one of them is then overwritten by the checkpoint.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable
 
 from torch import nn
@@ -48,27 +48,34 @@ from rlflow.utils.registry import Registry
 # builds each layer's inner-attention config: torchtitan's FlexAttention, or the CPU fallback (cpu_compat)
 AttentionConfig = Callable[[], Module.Config]
 
-__all__ = ["ARCHITECTURES", "AttentionConfig", "Qwen2StateDictAdapter", "TitanArchitecture", "titan_architecture"]
+__all__ = ["TITAN_ARCHITECTURE_REGISTRY", "AttentionConfig", "Qwen2StateDictAdapter", "TitanArchitecture", "titan_architecture"]
 
 _INIT = {"weight": nn.init.ones_, "bias": nn.init.zeros_}  # storage only: the checkpoint overwrites every parameter
 
 
-@dataclass(frozen=True)
 class TitanArchitecture:
-    """torchtitan's pieces for one HF model family."""
+    """torchtitan's pieces for one HF model family: subclass it and register the subclass.
 
-    model_config: Callable[[PretrainedConfig, AttentionConfig], Decoder.Config]  # (HF config, inner attention) -> config
-    adapter: type  # StateDictAdapter subclass: from_hf / to_hf
-    parallelize: Callable[..., nn.Module]  # torchtitan's parallelize_<family>
+    ``model_config(hf_config, inner_attention)`` builds torchtitan's model config, ``adapter`` is the
+    ``StateDictAdapter`` subclass (``from_hf`` / ``to_hf``) and ``parallelize`` torchtitan's
+    ``parallelize_<family>``; both functions are static methods.
+    """
+
+    adapter: type
+    parallelize: Callable[..., nn.Module]
+
+    @staticmethod
+    def model_config(hf: PretrainedConfig, inner_attention: AttentionConfig) -> Decoder.Config:
+        raise NotImplementedError
 
 
-ARCHITECTURES: Registry[TitanArchitecture] = Registry("torchtitan model family", "config.json model_type",
-                                                      error=EngineConfigError)
+TITAN_ARCHITECTURE_REGISTRY: Registry[type[TitanArchitecture]] = Registry(
+    "torchtitan model family", "config.json model_type", error=EngineConfigError, base=TitanArchitecture)
 
 
-def titan_architecture(hf_config: PretrainedConfig) -> TitanArchitecture:
+def titan_architecture(hf_config: PretrainedConfig) -> type[TitanArchitecture]:
     """The registered family of ``hf_config.model_type`` (error lists the supported ones)."""
-    return ARCHITECTURES.get(str(getattr(hf_config, "model_type", "")))
+    return TITAN_ARCHITECTURE_REGISTRY.get(str(getattr(hf_config, "model_type", "")))
 
 
 def _refuse_unsupported(hf: PretrainedConfig) -> None:
@@ -141,15 +148,6 @@ def _qwen_rope(hf: PretrainedConfig) -> CosSinRoPE.Config:
     return CosSinRoPE.Config(dim=head_dim(hf), max_seq_len=hf.max_position_embeddings, theta=rope["rope_theta"])
 
 
-def _qwen3(hf: PretrainedConfig, inner_attention: AttentionConfig) -> Decoder.Config:
-    return _decoder_config(hf, Qwen3Model, Qwen3TransformerBlock, _qwen_rope(hf), inner_attention, qk_norm=True)
-
-
-def _qwen2(hf: PretrainedConfig, inner_attention: AttentionConfig) -> Decoder.Config:
-    return _decoder_config(hf, Qwen3Model, Qwen3TransformerBlock, _qwen_rope(hf), inner_attention, qk_norm=False,
-                           qkv_bias=True)
-
-
 class Qwen2StateDictAdapter(Qwen3StateDictAdapter):
     """Qwen3's HF <-> torchtitan names plus Qwen2's q/k/v projection biases."""
 
@@ -170,17 +168,46 @@ _LLAMA_ROPE_SCALING: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
-def _llama(hf: PretrainedConfig, inner_attention: AttentionConfig) -> Decoder.Config:
-    rope = rope_parameters(hf)
-    if rope["rope_type"] not in _LLAMA_ROPE_SCALING:
-        raise EngineConfigError(f"the torchtitan engine's llama model has no rope_type={rope['rope_type']!r} scaling; "
-                                f"supported: {sorted(_LLAMA_ROPE_SCALING)}")
-    scaling, keys = _LLAMA_ROPE_SCALING[rope["rope_type"]]
-    rope_config = ComplexRoPE.Config(dim=head_dim(hf), max_seq_len=hf.max_position_embeddings, theta=rope["rope_theta"],
-                                     scaling=scaling, **{titan: rope[key] for titan, key in keys.items()})
-    return _decoder_config(hf, Llama3Model, Llama3TransformerBlock, rope_config, inner_attention, qk_norm=False)
+@TITAN_ARCHITECTURE_REGISTRY.register("qwen2")
+class Qwen2Architecture(TitanArchitecture):
+    """Qwen2 on torchtitan's Qwen3 decoder: q/k/v biases, no q/k norms."""
+
+    adapter = Qwen2StateDictAdapter
+    parallelize = staticmethod(parallelize_qwen3)
+
+    @staticmethod
+    def model_config(hf: PretrainedConfig, inner_attention: AttentionConfig) -> Decoder.Config:
+        return _decoder_config(hf, Qwen3Model, Qwen3TransformerBlock, _qwen_rope(hf), inner_attention, qk_norm=False,
+                               qkv_bias=True)
 
 
-ARCHITECTURES.add("qwen2", TitanArchitecture(_qwen2, Qwen2StateDictAdapter, parallelize_qwen3))
-ARCHITECTURES.add("qwen3", TitanArchitecture(_qwen3, Qwen3StateDictAdapter, parallelize_qwen3))
-ARCHITECTURES.add("llama", TitanArchitecture(_llama, Llama3StateDictAdapter, parallelize_llama))
+@TITAN_ARCHITECTURE_REGISTRY.register("qwen3")
+class Qwen3Architecture(TitanArchitecture):
+    """Qwen3: RMSNorm on each head's queries and keys."""
+
+    adapter = Qwen3StateDictAdapter
+    parallelize = staticmethod(parallelize_qwen3)
+
+    @staticmethod
+    def model_config(hf: PretrainedConfig, inner_attention: AttentionConfig) -> Decoder.Config:
+        return _decoder_config(hf, Qwen3Model, Qwen3TransformerBlock, _qwen_rope(hf), inner_attention, qk_norm=True)
+
+
+@TITAN_ARCHITECTURE_REGISTRY.register("llama")
+class LlamaArchitecture(TitanArchitecture):
+    """Llama 3 (and Llama 2's plain rotary): torchtitan's Llama3 decoder, with llama3 rotary scaling."""
+
+    adapter = Llama3StateDictAdapter
+    parallelize = staticmethod(parallelize_llama)
+
+    @staticmethod
+    def model_config(hf: PretrainedConfig, inner_attention: AttentionConfig) -> Decoder.Config:
+        rope = rope_parameters(hf)
+        if rope["rope_type"] not in _LLAMA_ROPE_SCALING:
+            raise EngineConfigError(f"the torchtitan engine's llama model has no rope_type={rope['rope_type']!r} "
+                                    f"scaling; supported: {sorted(_LLAMA_ROPE_SCALING)}")
+        scaling, keys = _LLAMA_ROPE_SCALING[rope["rope_type"]]
+        rope_config = ComplexRoPE.Config(dim=head_dim(hf), max_seq_len=hf.max_position_embeddings,
+                                         theta=rope["rope_theta"], scaling=scaling,
+                                         **{titan: rope[key] for titan, key in keys.items()})
+        return _decoder_config(hf, Llama3Model, Llama3TransformerBlock, rope_config, inner_attention, qk_norm=False)

@@ -47,7 +47,7 @@ from rlflow.engines.common.forward.models import FORWARD_PREFIX, ForwardModule
 from rlflow.engines.common.fsdp.fully_shard import FullyShardEngine
 from rlflow.engines.common.optim.optimizers import clean_param_name
 from rlflow.engines.config import EngineConfig, EngineConfigError
-from rlflow.engines.registry import EngineRegistry
+from rlflow.engines.registry import ENGINE_REGISTRY
 from rlflow.engines.torchtitan.architectures import AttentionConfig, TitanArchitecture, titan_architecture
 from rlflow.engines.torchtitan.cpu_compat import CPU_STREAM_ATTENTION, DenseMaskAttention, cpu_device_type
 from rlflow.engines.torchtitan.forward import TitanCausalLMForward
@@ -83,7 +83,7 @@ class TorchtitanEngineConfig(EngineConfig):
         }
 
 
-@EngineRegistry.register("torchtitan")
+@ENGINE_REGISTRY.register("torchtitan")
 class TorchtitanEngine(FullyShardEngine):
     """torchtitan model + FSDP2 (its ``parallelize_<family>``) engine for causal LMs."""
 
@@ -194,7 +194,7 @@ class TorchtitanEngine(FullyShardEngine):
 
 def _titan_model(
     folder: Path, trust_remote_code: bool, attention: AttentionConfig
-) -> tuple[TitanArchitecture, Decoder.Config]:
+) -> tuple[type[TitanArchitecture], Decoder.Config]:
     """The torchtitan family and model config of the HF folder (one-line error for what it cannot build)."""
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
     architecture = titan_architecture(hf_config)

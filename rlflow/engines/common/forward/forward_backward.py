@@ -83,17 +83,15 @@ def run_forward_backward(
     if shares_prefix(config, batch):
         row_groups = prefix_row_groups(fields["input_ids"], fields["attention_mask"], fields.get("position_ids"),
                                        fields["loss_mask"])
+    training = loss_fn is not None and not forward_only
     plan = plan_micro_batches(
         fields["attention_mask"].sum(-1).tolist(),
-        micro_batch_size=config.micro_batch_size,
-        use_dynamic_bsz=config.use_dynamic_bsz,
-        max_token_len=config.max_token_len_per_micro_batch,
+        **config.micro_batch_limits(training),
         group=group,
         device=device,
         row_groups=row_groups,
     )
     counts = global_counts(batch, len(plan.groups), group, device) if loss_fn is not None else None
-    training = loss_fn is not None and not forward_only
     outputs: dict[str, list[torch.Tensor]] = defaultdict(list)
     losses: list[torch.Tensor] = []
     metric_record = MicroBatchMetrics()

@@ -35,7 +35,7 @@ from rlflow.utils.seed import set_seed
 __all__ = ["forward_micro_batch", "hf_named_tensors", "load_forward_module"]
 
 
-def load_forward_module(kind: ModelKind, model_path: Path, config: HFModuleEngineConfig, rank: int) -> ForwardModule:
+def load_forward_module(kind: type[ModelKind], model_path: Path, config: HFModuleEngineConfig, rank: int) -> ForwardModule:
     """The model of ``kind`` from ``model_path`` as an (unwrapped) forward module; seeds ``config.seed + rank`` after."""
     set_seed(config.seed)  # identical on every rank: any freshly initialised weights (a new value head) agree
     model = kind.load(model_path, dtype=config.dtype, attn_implementation=config.attn_implementation,

@@ -13,7 +13,6 @@ backbone call and the output embeddings).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -26,13 +25,13 @@ from rlflow.engines.common.forward.logprob import chunked_log_probs
 from rlflow.engines.common.forward.lora import LoraAdapters
 from rlflow.models.loading import load_causal_lm, load_value_model
 from rlflow.models.value_models import per_token_values, value_model_export_config
+from rlflow.utils.registry import Registry
 
 __all__ = [
     "FORWARD_PREFIX",
-    "MODEL_KINDS",
+    "MODEL_KIND_REGISTRY",
     "ModelKind",
     "decoder_layer_classes",
-    "get_model_kind",
     "place_targets",
     "source_files_to_copy",
 ]
@@ -114,21 +113,24 @@ def place_targets(per_target: torch.Tensor, stream: TokenStream) -> torch.Tensor
     return stream.to_rows(flat.index_put((stream.target_index,), per_target))
 
 
-@dataclass(frozen=True)
 class ModelKind:
-    """How one kind of model is loaded, run and written as an HF folder."""
+    """How one kind of model is loaded, run and written as an HF folder: subclass it and register the subclass.
+
+    ``folder_export_config`` None: an export keeps the source folder's config.json. Otherwise the config an
+    export of a model loaded from a folder writes (naming the model's class), read from the folder alone
+    (offline export).
+    """
 
     load: Callable[..., nn.Module]
     forward_cls: type[ForwardModule]
     output_keys: tuple[str, ...]
-    # None: an export keeps the source folder's config.json. Otherwise the config an export of a model
-    # loaded from a folder writes (naming the model's class), read from the folder alone (offline export).
     folder_export_config: Optional[Callable[[Path], PretrainedConfig]] = None
 
-    def export_config(self, forward_module: nn.Module) -> Optional[PretrainedConfig]:
+    @classmethod
+    def export_config(cls, forward_module: nn.Module) -> Optional[PretrainedConfig]:
         """The config an HF export of the live ``forward_module`` writes (naming the model's class), or None to
         keep the source folder's."""
-        if self.folder_export_config is None:
+        if cls.folder_export_config is None:
             return None
         model = forward_module.model
         config = copy.deepcopy(model.config)
@@ -136,17 +138,27 @@ class ModelKind:
         return config
 
 
-MODEL_KINDS: dict[str, ModelKind] = {
-    "causal_lm": ModelKind(load_causal_lm, CausalLMForward, ("log_probs", "entropy")),
-    "value": ModelKind(load_value_model, ValueForward, ("values",), folder_export_config=value_model_export_config),
-}
+# the engines' ``model_kind`` (a role's): how its model is built and what its forward returns
+MODEL_KIND_REGISTRY: Registry[type[ModelKind]] = Registry("model kind", base=ModelKind)
 
 
-def get_model_kind(name: str) -> ModelKind:
-    """The registered ``ModelKind`` called ``name``."""
-    if name not in MODEL_KINDS:
-        raise ValueError(f"unknown model kind {name!r}; kinds: {sorted(MODEL_KINDS)}")
-    return MODEL_KINDS[name]
+@MODEL_KIND_REGISTRY.register("causal_lm")
+class CausalLMKind(ModelKind):
+    """A causal LM (actor, reference, SFT): per-token log-probs and entropy."""
+
+    load = staticmethod(load_causal_lm)
+    forward_cls = CausalLMForward
+    output_keys = ("log_probs", "entropy")
+
+
+@MODEL_KIND_REGISTRY.register("value")
+class ValueKind(ModelKind):
+    """A value model (critic, reward model): per-token values from a one-label score head."""
+
+    load = staticmethod(load_value_model)
+    forward_cls = ValueForward
+    output_keys = ("values",)
+    folder_export_config = staticmethod(value_model_export_config)
 
 
 def decoder_layer_classes(module: nn.Module, names: list[str]) -> set[type[nn.Module]]:

@@ -5,7 +5,8 @@ Warmup never spends a step at LR 0: optimizer step ``s`` (0-based) with
 already moves the weights and step ``warmup_steps - 1`` runs at the full LR.
 After warmup the decay shape maps progress ``p`` in [0, 1] (0 at the first
 post-warmup step, 1 at ``total_steps``) to a multiplier between ``min_lr_ratio``
-and 1. Add a shape with ``@register_lr_schedule("name")``.
+and 1. Add a shape with ``@LR_SCHEDULE_REGISTRY.register("name", needs_total_steps=...)``
+(``needs_total_steps``: it uses progress, so ``total_steps`` must be set).
 """
 
 from __future__ import annotations
@@ -16,28 +17,23 @@ from typing import Callable
 from rlflow.engines.config import EngineConfigError, LRSchedulerConfig
 from rlflow.utils.registry import Registry
 
-__all__ = ["LRSchedule", "LR_SCHEDULE_REGISTRY", "register_lr_schedule"]
+__all__ = ["LRSchedule", "LR_SCHEDULE_REGISTRY"]
 
 DecayShape = Callable[[float, float], float]  # (progress, min_lr_ratio) -> multiplier
 LR_SCHEDULE_REGISTRY: Registry[DecayShape] = Registry("LR schedule", "engine.lr_scheduler.name", error=EngineConfigError)
 
 
-def register_lr_schedule(name: str, needs_total_steps: bool = True) -> Callable[[DecayShape], DecayShape]:
-    """Register a decay shape under ``name`` (``needs_total_steps``: it uses progress, so total_steps must be set)."""
-    return LR_SCHEDULE_REGISTRY.register(name, needs_total_steps=needs_total_steps)
-
-
-@register_lr_schedule("constant", needs_total_steps=False)
+@LR_SCHEDULE_REGISTRY.register("constant", needs_total_steps=False)
 def _constant(progress: float, min_lr_ratio: float) -> float:
     return 1.0
 
 
-@register_lr_schedule("linear")
+@LR_SCHEDULE_REGISTRY.register("linear", needs_total_steps=True)
 def _linear(progress: float, min_lr_ratio: float) -> float:
     return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - progress)
 
 
-@register_lr_schedule("cosine")
+@LR_SCHEDULE_REGISTRY.register("cosine", needs_total_steps=True)
 def _cosine(progress: float, min_lr_ratio: float) -> float:
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
