@@ -50,7 +50,10 @@ def _where(address: str) -> str:
 
 def probe_cluster(address: str, timeout_s: float) -> str:
     """The head's ``host:port`` once it accepts a TCP connection; ``RayConnectError`` if nothing listens there, or if it
-    is not reachable within ``timeout_s``."""
+    is not reachable within ``timeout_s``. A Ray Client address (``ray://host:port``) is returned as it is: the client
+    connects with bounded retries of its own (and ``connect_deadline`` bounds the call)."""
+    if "://" in address:
+        return address
     try:
         bootstrap = canonicalize_bootstrap_address(address)
     except (ConnectionError, ValueError) as error:
