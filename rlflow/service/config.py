@@ -100,7 +100,8 @@ SERVICE_ENTRY = EntryPoint(
     engine_mounts=ENGINE_MOUNTS,
     group_shorthands={"engine": "engine"},  # engine=fsdp picks rlflow/configs/engine/fsdp.yaml
     free_form_mappings=("service.models",),  # service.models.NAME=/folder adds a base model
-    checks=(_check_service, check_rollout_sampling, _check_cluster),
+    checks=(_check_service, check_rollout_sampling),
+    machine_checks=(_check_cluster,),
 )
 
 

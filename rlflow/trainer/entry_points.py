@@ -80,7 +80,8 @@ PPO_ENTRY = EntryPoint(
     engine_mounts=PPO_ENGINE_MOUNTS,
     policy_mounts=("actor.engine",),
     group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
-    checks=(_check_lora_sync, check_rollout_sampling, check_custom_function, check_run_intent, _check_ppo_cluster),
+    checks=(_check_lora_sync, check_rollout_sampling, check_custom_function, check_run_intent),
+    machine_checks=(_check_ppo_cluster,),
 )
 
 SFT_ENTRY = EntryPoint(
@@ -91,7 +92,8 @@ SFT_ENTRY = EntryPoint(
     engine_mounts=SFT_ENGINE_MOUNTS,
     policy_mounts=("engine",),
     group_shorthands={"engine": "engine", "data": "sft_data"},  # data=synthetic: rlflow/configs/sft_data/synthetic.yaml
-    checks=(check_run_intent, _check_sft_cluster),
+    checks=(check_run_intent,),
+    machine_checks=(_check_sft_cluster,),
 )
 
 

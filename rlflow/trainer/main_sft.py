@@ -22,8 +22,8 @@ def launch(config: DictConfig) -> History:
 
 
 def run_sft(config: DictConfig) -> History:
-    """Validate a composed ``sft_trainer`` config (the launcher among them), then ``launch`` it."""
-    return launch(SFT_ENTRY.load(config))
+    """Validate a composed ``sft_trainer`` config (the launcher among them) and the machine it runs on, then ``launch`` it."""
+    return launch(SFT_ENTRY.check_machine(SFT_ENTRY.load(config)))
 
 
 def main() -> None:

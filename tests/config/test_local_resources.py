@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from one_line_errors import cli_refusal, one_line_error
 
-from rlflow.trainer.entry_points import compose_ppo_config
+from rlflow.trainer.entry_points import PPO_ENTRY, compose_ppo_config
 
 
 def test_more_worker_processes_than_the_local_cluster_has_cpus_is_one_line_before_ray(tmp_path):
@@ -23,4 +23,9 @@ def test_more_worker_processes_than_the_local_cluster_has_cpus_is_one_line_befor
      "need 1 CPUs, and the local Ray cluster has 0.5 (trainer.ray_num_cpus)"),
 ])
 def test_the_local_cluster_check_names_nodes_and_ray_num_cpus(overrides, message):
-    assert message in one_line_error(compose_ppo_config, overrides)
+    assert message in one_line_error(lambda args: PPO_ENTRY.check_machine(compose_ppo_config(args)), overrides)
+
+
+def test_a_composed_config_is_not_judged_by_the_machine_it_is_composed_on():
+    """``compose`` (tests, recipes checked on a laptop) validates the config alone; ``run`` checks the machine."""
+    assert compose_ppo_config(["trainer.device=cpu", "trainer.n_procs_per_node=64"]).trainer.n_procs_per_node == 64

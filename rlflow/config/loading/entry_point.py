@@ -45,7 +45,10 @@ class EntryPoint:
     are checked against the engine's capabilities. ``group_shorthands`` maps a mount key to its
     group (``actor.engine=fsdp`` for ``engine@actor.engine=fsdp``); keys under
     ``free_form_mappings`` may be new. ``choices`` and ``dtype_keys`` list the entry point's choice
-    and compute-dtype keys (called after the plugins are imported); ``checks`` run last.
+    and compute-dtype keys (called after the plugins are imported); ``checks`` run last. ``machine_checks`` judge
+    what this machine or the cluster offers the run (CPUs, GPUs, a head that answers): ``run`` calls them after
+    ``load``, before the body starts anything; a config composed in-process (``compose``) is not judged by the
+    machine it is composed on.
     """
 
     config_name: str
@@ -57,6 +60,7 @@ class EntryPoint:
     group_shorthands: Mapping[str, str] = field(default_factory=dict)
     free_form_mappings: tuple[str, ...] = ()
     checks: tuple[ConfigCheck, ...] = ()
+    machine_checks: tuple[ConfigCheck, ...] = ()
 
     def load(self, cfg: DictConfig) -> DictConfig:
         """Validate a composed (raw) config of this entry point; raises a ``UserError`` naming the bad key."""
@@ -78,9 +82,17 @@ class EntryPoint:
         """The validated config this entry point builds from these command-line overrides, composed in-process."""
         return self.load(compose_hydra_config(self.config_name, overrides, self.group_shorthands, self.free_form_mappings))
 
+    def check_machine(self, config: DictConfig) -> DictConfig:
+        """Run the ``machine_checks`` on a validated config; returns it."""
+        for check in self.machine_checks:
+            check(config)
+        return config
+
     def run(self, body: Callable[[DictConfig], object]) -> None:
-        """Parse ``sys.argv`` with Hydra, validate, then call ``body(config)``; a ``UserError`` exits 2 with one line."""
-        run_hydra_entry(self.config_name, lambda cfg: body(self.load(cfg)), self.group_shorthands, self.free_form_mappings)
+        """Parse ``sys.argv`` with Hydra, validate, check the machine, then call ``body(config)``; a ``UserError`` exits 2
+        with one line."""
+        run_hydra_entry(self.config_name, lambda cfg: body(self.check_machine(self.load(cfg))), self.group_shorthands,
+                        self.free_form_mappings)
 
 
 def _plugin_specs(cfg: DictConfig, key: str) -> list[str]:
