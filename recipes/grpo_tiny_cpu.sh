@@ -40,6 +40,8 @@ args=(
   rollout.n=8                                   # samples per prompt: the GRPO group
   rollout.temperature=1.0                       # sample from the policy itself
   rollout.seed="$SEED"
+  rollout.calculate_log_probs=true              # the rollout's log-probs: the train/inference mismatch metrics
+                                                #   (rollout/logprob_diff_*, rollout_corr/kl ...) in metrics.jsonl
   actor.ppo_mini_batch_size=64                  # one on-policy optimizer step per rollout batch (512 sequences)
   actor.engine.micro_batch_size=256             # sequences per forward/backward: the tiny model takes many at once
   ref.engine.micro_batch_size=256               # the reference's forward too (the default of 4 made it 2-5x slower)

@@ -12,6 +12,8 @@ docs/registries.md). Every family is a registry:
 | KL estimators | ``KL_ESTIMATOR_REGISTRY`` | ``kl_penalty`` | ``algorithm.kl_penalty``, ``actor.kl_loss_type`` |
 | aggregation modes | ``LOSS_AGG_REGISTRY`` | ``agg_loss`` | ``actor.loss_agg_mode`` |
 | KL controllers | ``KL_CONTROLLER_REGISTRY`` | ``get_kl_controller`` | ``algorithm.kl_ctrl.type`` |
+| rollout IS levels | ``ROLLOUT_IS_LEVEL_REGISTRY`` | ``compute_rollout_correction_weights`` | ``algorithm.rollout_correction.rollout_is`` |
+| rollout rejection divergences, reductions | ``ROLLOUT_RS_DIVERGENCE_REGISTRY``, ``ROLLOUT_RS_REDUCTION_REGISTRY`` | ``compute_rollout_rejection_mask`` (options ``<reduction>_<divergence>``) | ``algorithm.rollout_correction.rollout_rs`` |
 
 A new variant is one function under ``@<FAMILY>_REGISTRY.register("name")``.
 
@@ -67,6 +69,20 @@ from rlflow.algos.policy_losses import (
     get_policy_loss_fn,
 )
 from rlflow.algos.ppo_clip import compute_policy_loss, ppo_clip_token_losses
+from rlflow.algos.rollout_correction import (
+    ROLLOUT_IS_LEVEL_REGISTRY,
+    ROLLOUT_RS_DIVERGENCE_REGISTRY,
+    ROLLOUT_RS_REDUCTION_REGISTRY,
+    check_rollout_correction,
+    compute_offpolicy_metrics,
+    compute_policy_loss_bypass_mode,
+    compute_policy_loss_reinforce,
+    compute_rollout_correction_and_add_to_batch,
+    compute_rollout_correction_and_rejection_mask,
+    compute_rollout_correction_weights,
+    compute_rollout_rejection_mask,
+    rollout_rs_options,
+)
 from rlflow.utils.registry import Registry
 from rlflow.algos.value import compute_value_loss
 
@@ -77,6 +93,9 @@ __all__ = [
     "KL_ESTIMATOR_REGISTRY",
     "LOSS_AGG_REGISTRY",
     "POLICY_LOSS_REGISTRY",
+    "ROLLOUT_IS_LEVEL_REGISTRY",
+    "ROLLOUT_RS_DIVERGENCE_REGISTRY",
+    "ROLLOUT_RS_REDUCTION_REGISTRY",
     "AdaptiveKLController",
     "AdvantageEstimator",
     "FixedKLController",
@@ -84,19 +103,23 @@ __all__ = [
     "Registry",
     "agg_loss",
     "apply_kl_penalty",
+    "check_rollout_correction",
     "compute_advantage",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
+    "compute_offpolicy_metrics",
     "compute_opo_outcome_advantage",
     "compute_policy_loss",
+    "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
     "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
     "compute_policy_loss_kl_cov",
+    "compute_policy_loss_reinforce",
     "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
@@ -104,6 +127,10 @@ __all__ = [
     "compute_remax_outcome_advantage",
     "compute_rewards",
     "compute_rloo_outcome_advantage",
+    "compute_rollout_correction_and_add_to_batch",
+    "compute_rollout_correction_and_rejection_mask",
+    "compute_rollout_correction_weights",
+    "compute_rollout_rejection_mask",
     "compute_value_loss",
     "entropy_from_logits",
     "get_adv_estimator_fn",
@@ -117,4 +144,5 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "ppo_clip_token_losses",
+    "rollout_rs_options",
 ]

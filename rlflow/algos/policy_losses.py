@@ -1,14 +1,17 @@
 """Registered policy losses (``actor.policy_loss.loss_mode``).
 
 Every loss is called as ``fn(old_log_prob, log_prob, advantages, response_mask,
-loss_agg_mode, config) -> (loss, metrics)``; ``config`` is the actor config (any attribute
-object) and ``metrics`` maps ``actor/...`` names to floats. Aggregation uses the global
-counts in ``config.global_batch_info`` when the caller sets them.
+loss_agg_mode, config, rollout_is_weights=None) -> (loss, metrics)``; ``config`` is the actor
+config (any attribute object) and ``metrics`` maps ``actor/...`` names to floats. Aggregation
+uses the global counts in ``config.global_batch_info`` when the caller sets them. Rollout
+correction's ``rollout_is_weights`` ``[B, T]`` (detached), when given, multiply the per-token
+losses before aggregation, as in verl (``geo_mean``: their per-sequence geometric mean
+multiplies each sequence's loss).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -31,6 +34,7 @@ POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss", "actor.po
 
 GSPO_LOG_RATIO_MAX = 10.0
 SEQUENCE_LEVEL_AGG_MODE = "seq-mean-token-mean"
+GEO_MEAN_WEIGHT_EPS = 1e-10  # log(max(w, eps)): a zero IS weight (masked IS) gives a tiny, finite sequence weight
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
@@ -40,6 +44,11 @@ def get_policy_loss_fn(name: str) -> PolicyLossFn:
 
 def _metrics(**values: torch.Tensor | float) -> dict[str, float]:
     return {f"actor/{key}": float(torch.as_tensor(value).detach()) for key, value in values.items()}
+
+
+def _weighted(token_losses: torch.Tensor, rollout_is_weights: Optional[torch.Tensor]) -> torch.Tensor:
+    """Per-token losses times rollout correction's importance weights, when there are any."""
+    return token_losses if rollout_is_weights is None else token_losses * rollout_is_weights
 
 
 def _clamped_log_ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
@@ -54,12 +63,14 @@ def compute_policy_loss_vanilla(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Any = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Dual-clip PPO with clip-higher (see ``ppo_clip``); keys ``clip_ratio*``."""
     low, high = clip_bounds(config, "vanilla")
     clip_ratio_c = config_value(config, "clip_ratio_c", DEFAULT_CLIP_RATIO_C)
     terms = ppo_clip_token_losses(old_log_prob, log_prob, advantages, response_mask, low, high, clip_ratio_c)
-    loss = agg_loss(terms.token_losses, response_mask, loss_agg_mode, **aggregation_kwargs(config))
+    token_losses = _weighted(terms.token_losses, rollout_is_weights)
+    loss = agg_loss(token_losses, response_mask, loss_agg_mode, **aggregation_kwargs(config))
     return loss, _metrics(pg_clipfrac=terms.clipfrac, ppo_kl=terms.ppo_kl, pg_clipfrac_lower=terms.clipfrac_lower)
 
 
@@ -71,6 +82,7 @@ def compute_policy_loss_gspo(
     response_mask: torch.Tensor,
     loss_agg_mode: str = SEQUENCE_LEVEL_AGG_MODE,
     config: Any = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO (arXiv:2507.18071): PPO clip on the length-normalized sequence ratio.
 
@@ -85,7 +97,7 @@ def compute_policy_loss_gspo(
     ratio = torch.exp(torch.clamp(token_log_ratio, max=GSPO_LOG_RATIO_MAX))
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
-    token_losses = torch.maximum(unclipped, clipped)
+    token_losses = _weighted(torch.maximum(unclipped, clipped), rollout_is_weights)
     loss = agg_loss(token_losses, mask, loss_agg_mode, **aggregation_kwargs(config))
     return loss, _metrics(
         pg_clipfrac=masked_mean((clipped > unclipped).to(mask.dtype), mask),
@@ -102,6 +114,7 @@ def compute_policy_loss_sapo(
     response_mask: torch.Tensor,
     loss_agg_mode: str = SEQUENCE_LEVEL_AGG_MODE,
     config: Any = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """SAPO (arXiv:2511.20347): soft gate ``(4/tau) sigmoid(tau (r - 1))`` instead of a hard clip.
 
@@ -115,7 +128,8 @@ def compute_policy_loss_sapo(
     ratio = torch.exp(log_ratio)
     tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    loss = agg_loss(-gate * advantages, response_mask, SEQUENCE_LEVEL_AGG_MODE, **aggregation_kwargs(config))
+    token_losses = _weighted(-gate * advantages, rollout_is_weights)
+    loss = agg_loss(token_losses, response_mask, SEQUENCE_LEVEL_AGG_MODE, **aggregation_kwargs(config))
     return loss, _metrics(pg_clipfrac=0.0, ppo_kl=masked_mean(-log_ratio, response_mask), pg_clipfrac_lower=0.0)
 
 
@@ -127,13 +141,14 @@ def compute_policy_loss_cispo(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Any = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO (MiniMax-M1): ``-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log_prob``; every token keeps a gradient."""
     low, high = clip_bounds(config, "cispo")
     log_ratio = _clamped_log_ratio(old_log_prob, log_prob)
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, 1.0 - low, 1.0 + high).detach()
-    token_losses = -weight * advantages * log_prob
+    token_losses = _weighted(-weight * advantages * log_prob, rollout_is_weights)
     loss = agg_loss(token_losses, response_mask, loss_agg_mode, **aggregation_kwargs(config))
     return loss, _metrics(
         pg_clipfrac=masked_mean((ratio != weight).to(ratio.dtype), response_mask),
@@ -150,6 +165,7 @@ def compute_policy_loss_geo_mean(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Any = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GMPO (arXiv:2507.20673): clip each token's log-ratio, then use the geometric-mean sequence ratio.
 
@@ -166,6 +182,9 @@ def compute_policy_loss_geo_mean(
     sequence_ratio = torch.exp(masked_sum(pessimistic, mask, dim=-1) / lengths)
     sequence_advantage = masked_sum(advantages, mask, dim=-1) / lengths
     sequence_losses = (-sequence_advantage * sequence_ratio).unsqueeze(-1)
+    if rollout_is_weights is not None:  # one weight per sequence: the geometric mean of its token weights
+        log_weights = masked_sum(torch.log(rollout_is_weights.clamp(min=GEO_MEAN_WEIGHT_EPS)), mask, dim=-1) / lengths
+        sequence_losses = sequence_losses * torch.exp(log_weights).unsqueeze(-1)
     non_empty = (mask.sum(dim=-1, keepdim=True) > 0).to(mask.dtype)
     loss = agg_loss(sequence_losses, non_empty, "seq-mean-token-sum", **aggregation_kwargs(config))
     was_clipped = (log_ratio != clipped_log_ratio).to(mask.dtype)
@@ -184,9 +203,11 @@ def compute_policy_loss_gpg(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Any = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GPG (arXiv:2504.02546): plain policy gradient ``-A * log_prob``, no ratio and no clip."""
-    loss = agg_loss(-advantages * log_prob, response_mask, loss_agg_mode, **aggregation_kwargs(config))
+    token_losses = _weighted(-advantages * log_prob, rollout_is_weights)
+    loss = agg_loss(token_losses, response_mask, loss_agg_mode, **aggregation_kwargs(config))
     return loss, {}
 
 
@@ -198,6 +219,7 @@ def compute_policy_loss_clip_cov(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Any = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip-Cov (arXiv:2505.22617): PPO clip, plus a random ``clip_cov_ratio`` share of the tokens
     whose ``cov = (A - mean A)(log_prob - mean log_prob)`` lies in ``(clip_cov_lb, clip_cov_ub)``
@@ -223,7 +245,7 @@ def compute_policy_loss_clip_cov(
         keep_gradient = torch.ones(valid.numel(), dtype=log_prob.dtype, device=log_prob.device)
         keep_gradient[candidate_idx[order[:num_detached]]] = 0.0
         keep_gradient = keep_gradient.reshape(valid.shape)
-    token_losses = torch.maximum(unclipped, clipped) * keep_gradient
+    token_losses = _weighted(torch.maximum(unclipped, clipped) * keep_gradient, rollout_is_weights)
     loss = agg_loss(token_losses, response_mask, loss_agg_mode, **aggregation_kwargs(config))
     return loss, _metrics(
         pg_clipfrac=masked_mean((keep_gradient == 0).to(ratio.dtype), valid),
@@ -239,6 +261,7 @@ def compute_policy_loss_kl_cov(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Any = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov (arXiv:2505.22617): unclipped ``-A r``, plus ``ppo_kl_coef * |log r|`` on the top
     ``kl_cov_ratio`` share of tokens by covariance. Keys ``actor.policy_loss.{kl_cov_ratio,ppo_kl_coef}``.
@@ -261,5 +284,6 @@ def compute_policy_loss_kl_cov(
             penalized = torch.zeros(valid.numel(), dtype=log_prob.dtype, device=log_prob.device)
             penalized[valid_idx[top]] = 1.0
         token_losses = token_losses + kl_coef * log_ratio.abs() * penalized.reshape(valid.shape)
+    token_losses = _weighted(token_losses, rollout_is_weights)
     loss = agg_loss(token_losses, response_mask, loss_agg_mode, **aggregation_kwargs(config))
     return loss, _metrics(ppo_kl=masked_mean(log_ratio.abs(), valid))

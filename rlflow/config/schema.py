@@ -140,6 +140,7 @@ class RolloutConfig:
     do_sample: bool = True
     seed: Optional[int] = 0
     stop: list[str] = field(default_factory=list)
+    calculate_log_probs: bool = False  # return rollout_log_probs (verl's key and default); rollout correction needs it
     logprobs_mode: str = "processed_logprobs"  # processed_logprobs | raw_logprobs
     dtype: str = "float32"
     max_model_len: Optional[int] = None  # null: prompt_length + response_length
@@ -157,6 +158,7 @@ class RolloutConfig:
     num_replicas: int = 0  # 0: one per actor DP rank (colocated); >0: a split rollout pool
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
     trust_remote_code: bool = False  # loads may run code shipped in the folder (YAML: model's)
+    debug_skip_weight_sync_steps: int = 0  # TEST ONLY: skip the first N weight syncs (a deliberately stale rollout)
     val_kwargs: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=1, temperature=0.0, do_sample=False))
 
 
@@ -171,6 +173,20 @@ class KLControlConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Importance weights and rejection from the rollout's own log-probs (verl's ``algorithm.rollout_correction``;
+    defaults are verl's YAML's: metrics only). rlflow/configs/rollout_correction/*.yaml holds presets."""
+
+    rollout_is: Optional[str] = None  # IS level: token | sequence; null: no weights
+    rollout_is_threshold: Any = 2.0  # a number: truncate (TIS); "lower_upper": zero the weights outside (IcePop)
+    rollout_is_batch_normalize: bool = False  # divide the weights by their batch mean
+    rollout_rs: Optional[str] = None  # rejection options, comma-joined: token_k1..k3, seq_sum_k*, seq_mean_k*, seq_max_k2/k3
+    rollout_rs_threshold: Any = None  # one spec per option (or one shared): a number, or "lower_upper" for *_k1
+    bypass_mode: bool = False  # true: the rollout's log-probs are the old ones (no old-log-prob pass)
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip | reinforce
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and KL-in-reward (verl's `algorithm` group)."""
 
@@ -181,6 +197,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass

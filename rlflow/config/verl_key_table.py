@@ -169,6 +169,7 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         *((f"{ROLLOUT}{key}", f"rollout.{key}", "") for key in ("temperature", "top_p", "top_k", "do_sample")),
         (None, "rollout.seed", "seeds every request from (seed, step, replica, row, sample)"),
         (None, "rollout.stop", "stop strings"),
+        (f"{ROLLOUT}calculate_log_probs", "rollout.calculate_log_probs", "default false as in verl; algorithm.rollout_correction needs true"),
         (f"{ROLLOUT}logprobs_mode", "rollout.logprobs_mode", ""),
         (f"{ROLLOUT}dtype", "rollout.dtype", "verl's default bfloat16, rlflow's float32"),
         (f"{ROLLOUT}max_model_len", "rollout.max_model_len", ""),
@@ -196,6 +197,7 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (None, "rollout.num_replicas", "a split rollout pool of this many processes"),
         (f"{ROLLOUT}engine_kwargs.vllm", "rollout.engine_kwargs", "vllm.LLM(...) arguments, not nested under vllm"),
         (None, "rollout.trust_remote_code", "defaults to model.trust_remote_code"),
+        (None, "rollout.debug_skip_weight_sync_steps", "test only: skip the first N weight syncs (a stale rollout)"),
         *((f"{ROLLOUT}val_kwargs.{key}", f"rollout.val_kwargs.{key}", "")
           for key in ("n", "temperature", "top_p", "top_k", "do_sample")),
         *((None, f"rollout.val_kwargs.{key}", "") for key in ("seed", "stop", "max_new_tokens")),
@@ -203,7 +205,6 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (f"{ROLLOUT}max_num_batched_tokens", None, "pass it in rollout.engine_kwargs"),
         (f"{ROLLOUT}enable_chunked_prefill", None, "pass it in rollout.engine_kwargs"),
         (f"{ROLLOUT}load_format", None, "weights always come from the actor at the first sync"),
-        (f"{ROLLOUT}calculate_log_probs", None, "rollout_log_probs are always returned"),
         (f"{ROLLOUT}ignore_eos", None, "generation stops at EOS"),
         (f"{ROLLOUT}data_parallel_size", None, "rollout.num_replicas"),
         (f"{ROLLOUT}over_sample_rate", None, "no over-sampling"),
@@ -213,9 +214,17 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         *((f"algorithm.{key}", f"algorithm.{key}", "") for key in (
             "adv_estimator", "gamma", "lam", "norm_adv_by_std_in_grpo", "use_kl_in_reward", "kl_penalty",
             "kl_ctrl.type", "kl_ctrl.kl_coef", "kl_ctrl.target_kl", "kl_ctrl.horizon")),
+        *((f"algorithm.rollout_correction.{key}", f"algorithm.rollout_correction.{key}", "") for key in (
+            "rollout_is", "rollout_is_batch_normalize", "loss_type")),
+        ("algorithm.rollout_correction.rollout_rs", "algorithm.rollout_correction.rollout_rs",
+         "verl's eleven options (token_k1 .. seq_max_k3), comma-joined"),
+        ("algorithm.rollout_correction.rollout_rs_threshold", "algorithm.rollout_correction.rollout_rs_threshold", ""),
+        ("algorithm.rollout_correction.bypass_mode", "algorithm.rollout_correction.bypass_mode",
+         "the step runs no old-log-prob pass; its loss corrects per micro-batch"),
+        ("algorithm.rollout_correction.rollout_is_threshold", "algorithm.rollout_correction.rollout_is_threshold",
+         "also \"lower_upper\": masked IS (IcePop)"),
         ("algorithm.use_pf_ppo", None, "no PF-PPO reweighting"),
         ("algorithm.pf_ppo.*", None, "no PF-PPO reweighting"),
-        ("algorithm.rollout_correction.*", None, "this rlflow has no rollout-correction keys"),
     ]),
     ("reward (verl: custom_reward_function, reward_model)", [
         ("custom_reward_function.path", "reward.custom_function", "one key, path.py:fn or package.module:fn"),

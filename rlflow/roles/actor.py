@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from rlflow.meta_info import COMPUTE_ENTROPY, METRICS, OLD_LOG_PROBS_FROM_UPDATE, TEMPERATURE
+from rlflow.meta_info import COMPUTE_ENTROPY, METRICS, OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, TEMPERATURE
 from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch
@@ -20,6 +20,8 @@ from rlflow.workers import DP_COMPUTE, ONE_TO_ALL, register
 logger = get_logger(__name__)
 ACTOR_MESH = "actor"
 POLICY_INPUTS = ("old_log_probs", "advantages")
+ROLLOUT_CORRECTION_INPUTS = ("rollout_is_weights",)  # sent to the loss when the batch holds them
+METRIC_PREFIXES = ("actor/", "rollout_corr/")  # the loss's metrics that go back to the driver
 
 
 def reference_is_base_model(actor_config: Any) -> bool:
@@ -68,21 +70,34 @@ class Actor(EngineRole):
         result also holds the update forward's ``log_probs`` and ``entropy`` ``[B, R]`` of the rows,
         in their order; otherwise no per-token column travels back to the driver. An empty batch raises
         ``ValueError`` (it has no loss).
+
+        Rollout correction: ``rollout_is_weights`` (decoupled mode) go to the loss when the batch holds
+        them, and ``ROLLOUT_CORRECTION`` in ``meta_info`` (bypass mode) selects the bypass loss; its
+        ``rollout_corr/*`` metrics come back with the ``actor/*`` ones. Bypass mode has no old-log-prob
+        pass, so entropy is computed here and reported as the loss's ``actor/entropy``.
         """
         require_rows(data, "Actor.forward_backward")
         on_policy = OLD_LOG_PROBS_FROM_UPDATE.read(data.meta_info)
+        bypass = ROLLOUT_CORRECTION.read(data.meta_info)
+        if on_policy and bypass is not None:
+            raise ValueError("bypass mode takes the rollout's log-probs as the old ones; the batch cannot also ask "
+                             f"for the update forward's ({OLD_LOG_PROBS_FROM_UPDATE.name})")
         inputs = ("advantages",) if on_policy else POLICY_INPUTS
         extra = inputs + (("ref_log_prob",) if self.actor_config.use_kl_loss else ())
+        extra += tuple(key for key in ROLLOUT_CORRECTION_INPUTS if key in data.batch)
         view = engine_batch(data, extra_keys=extra)
         view.meta_info = {
             TEMPERATURE.name: TEMPERATURE.read(data.meta_info),
-            COMPUTE_ENTROPY.name: on_policy or self.actor_config.entropy_coeff != 0,
+            # the step's entropy metric comes from this forward when no separate pass computed it
+            COMPUTE_ENTROPY.name: on_policy or bypass is not None or self.actor_config.entropy_coeff != 0,
             OLD_LOG_PROBS_FROM_UPDATE.name: on_policy,
         }
+        if bypass is not None:
+            view.meta_info[ROLLOUT_CORRECTION.name] = bypass
         with self.engine.train_mode():
             outputs, metrics = self.engine.forward_backward(view, self.loss_fn)
         result = response_columns(outputs, data) if on_policy and self.engine.mesh.is_collect else DataProto()
-        result.meta_info[METRICS.name] = {key: value for key, value in metrics.items() if key.startswith("actor/")}
+        result.meta_info[METRICS.name] = {key: value for key, value in metrics.items() if key.startswith(METRIC_PREFIXES)}
         return result
 
     @register(dispatch_mode=ONE_TO_ALL)

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from rlflow.algos import agg_loss, compute_value_loss, get_policy_loss_fn, kl_penalty, masked_mean
+from rlflow.algos.rollout_correction import BYPASS_LOSS_MODE
 from rlflow.engines.base import LossContext, LossFn
-from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE
+from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import response_length, response_slice, state_values_slice
 
@@ -33,22 +34,34 @@ def make_policy_loss_fn(actor_config: Any) -> LossFn:
     """PPO-family policy loss (``actor.policy_loss.loss_mode``) + entropy bonus + optional KL loss.
 
     The old log-probs are ``micro.batch["old_log_probs"]``, or the detached current ones when
-    ``OLD_LOG_PROBS_FROM_UPDATE`` (``rlflow.meta_info``) is set in ``micro.meta_info``. Entropy, when the engine computed it,
-    is reported as ``actor/entropy`` and enters the loss only with a non-zero ``entropy_coeff``.
+    ``OLD_LOG_PROBS_FROM_UPDATE`` (``rlflow.meta_info``) is set in ``micro.meta_info``. Rollout correction: a
+    batch's ``rollout_is_weights`` go to the loss as ``rollout_is_weights=``; a batch whose
+    ``ROLLOUT_CORRECTION`` meta_info holds bypass-mode settings runs the ``bypass_mode``
+    loss with them as ``config.policy_loss.rollout_correction``. Entropy, when the engine computed
+    it, is reported as ``actor/entropy`` and enters the loss only with a non-zero ``entropy_coeff``.
     """
     policy_loss = get_policy_loss_fn(actor_config.policy_loss.loss_mode)
+    bypass_loss = get_policy_loss_fn(BYPASS_LOSS_MODE)
     agg_mode = actor_config.loss_agg_mode
     plain_config = SimpleNamespace(**_plain(actor_config))  # once: attribute reads on a DictConfig are slow
+    plain_policy_loss = _plain(actor_config.policy_loss)
 
     def loss_fn(outputs: dict[str, torch.Tensor], micro: DataProto, ctx: LossContext) -> tuple[torch.Tensor, dict]:
         length = response_length(micro)
         mask = micro.batch["response_mask"]
         log_prob = response_slice(outputs["log_probs"], length)
         info = global_batch_info(ctx)
-        loss_config = WithGlobalBatchInfo(plain_config, info)
         on_policy = OLD_LOG_PROBS_FROM_UPDATE.read(micro.meta_info)
         old_log_prob = log_prob.detach() if on_policy else micro.batch["old_log_probs"]
-        pg_loss, metrics = policy_loss(old_log_prob, log_prob, micro.batch["advantages"], mask, agg_mode, loss_config)
+        bypass = ROLLOUT_CORRECTION.read(micro.meta_info)
+        if bypass is None:
+            policy_fn, loss_config = policy_loss, LossConfigView(plain_config, global_batch_info=info)
+        else:
+            settings = SimpleNamespace(**plain_policy_loss, rollout_correction=bypass)
+            policy_fn, loss_config = bypass_loss, LossConfigView(plain_config, global_batch_info=info, policy_loss=settings)
+        weights = micro.batch.get("rollout_is_weights")
+        extra = {} if weights is None else {"rollout_is_weights": weights}
+        pg_loss, metrics = policy_fn(old_log_prob, log_prob, micro.batch["advantages"], mask, agg_mode, loss_config, **extra)
         loss = pg_loss
         metrics = {**metrics, "actor/pg_loss": _share(pg_loss, ctx)}
         if "entropy" in outputs:
@@ -92,15 +105,16 @@ def make_value_loss_fn(critic_config: Any) -> LossFn:
     return loss_fn
 
 
-class WithGlobalBatchInfo:
-    """The actor config as a policy loss reads it, plus this micro-batch's ``global_batch_info``.
+class LossConfigView:
+    """The actor config as a policy loss reads it, with this micro-batch's ``global_batch_info`` (and any other
+    attribute given here) in front.
 
     Attribute reads fall through to the config, which is converted once per role, not per micro-batch.
     """
 
-    def __init__(self, config: Any, global_batch_info: dict[str, int]) -> None:
+    def __init__(self, config: Any, **overrides: Any) -> None:
         self._config = config
-        self.global_batch_info = global_batch_info
+        self.__dict__.update(overrides)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._config, name)

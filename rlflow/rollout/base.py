@@ -1,9 +1,10 @@
 """``BaseRollout``: the interface every generation backend implements, and the backend registry.
 
-A backend only implements ``_sample`` (token ids in, n sampled responses with per-token
-log-probs out) and ``update_weights``; prompt unpadding, the overflow policy, response ends,
-seeds and the output DataProto are shared (``rlflow.rollout.processing``), so every backend
-returns the same layout. Add a backend with ``@ROLLOUT_REGISTRY.register("name")`` on its class.
+A backend only implements ``_sample`` (token ids in, n sampled responses out, with per-token
+log-probs when ``rollout.calculate_log_probs`` asks for them) and ``update_weights``; prompt
+unpadding, the overflow policy, response ends, seeds and the output DataProto are shared
+(``rlflow.rollout.processing``), so every backend returns the same layout. Add a backend with
+``@ROLLOUT_REGISTRY.register("name")`` on its class.
 """
 
 from __future__ import annotations
@@ -51,12 +52,14 @@ class BaseRollout(ABC):
         self.device = device if isinstance(device, torch.device) else get_torch_device(str(device))
         self.replica_rank = replica_rank
         self.logprobs_mode = check_logprobs_mode(config.logprobs_mode)
+        self.calculate_log_probs = bool(config.calculate_log_probs)
         self.max_model_len = int(config.max_model_len or config.prompt_length + config.response_length)
         self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=bool(config.trust_remote_code))
         self.pad_token_id = int(self.tokenizer.pad_token_id)
         self.eos_ids = eos_token_ids(self.model_path, self.tokenizer)
         self.weight_names = checkpoint_weight_names(self.model_path)
         self._weights_valid = True
+        self._syncs_to_skip = int(getattr(config, "debug_skip_weight_sync_steps", 0) or 0)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: DataProto, sampling: Any = None) -> DataProto:
@@ -71,7 +74,7 @@ class BaseRollout(ABC):
             )
         params = resolve_sampling(self.config if sampling is None else sampling, self.config.response_length)
         if len(prompts) == 0:
-            return build_rollout_output(prompts, [], [], [], params, self.pad_token_id)
+            return build_rollout_output(prompts, [], [], [] if self.calculate_log_probs else None, params, self.pad_token_id)
         tokens = fit_prompts(
             prompt_token_lists(prompts), params.max_new_tokens, self.max_model_len, self.config.prompt_overflow
         )
@@ -90,8 +93,9 @@ class BaseRollout(ABC):
     @abstractmethod
     def _sample(
         self, prompts: list[list[int]], sampling: Sampling, seed_key: SeedKey
-    ) -> tuple[list[list[int]], list[list[float]]]:
-        """``sampling.n`` responses per prompt, prompt-major, with the log-prob of each sampled token.
+    ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
+        """``sampling.n`` responses per prompt, prompt-major, with the log-prob of each sampled token when
+        ``self.calculate_log_probs`` (else None: the engine was not asked for any).
 
         ``seed_key`` is None for unseeded sampling, else the integers every seed is mixed from.
         Responses may run past their end; the caller cuts them.
@@ -105,6 +109,8 @@ class BaseRollout(ABC):
         ``WeightSyncError`` (a partial sync is never silent), and ``generate`` refuses to run
         until a later sync succeeds.
         """
+        if self.skips_debug_sync():
+            return 0
         stream = CheckedWeightStream(named_tensors, self.weight_names)
         self._weights_valid = False
         self._load_weights(stream)
@@ -117,6 +123,16 @@ class BaseRollout(ABC):
         on the base weights; returns the bytes loaded."""
         raise ConfigError(f"config key 'rollout.lora_sync': the {self.config.name} rollout takes merged weights only; "
                           "set rollout.lora_sync=merged")
+
+    def skips_debug_sync(self) -> bool:
+        """TEST ONLY (``rollout.debug_skip_weight_sync_steps``): True for each of the first N syncs, which then load
+        nothing, so the engine keeps older weights and the rollout is deliberately off-policy. A skipped sync
+        still wakes a sleeping engine."""
+        if self._syncs_to_skip <= 0:
+            return False
+        self._syncs_to_skip -= 1
+        self.wake_up()
+        return True
 
     @abstractmethod
     def _load_weights(self, named_tensors: NamedTensors) -> None:

@@ -1,6 +1,7 @@
 """The HF backend: batched ``model.generate`` with left padding, for the smallest models and for tests.
 
-Log-probs follow ``rollout.logprobs_mode`` exactly as vLLM defines it:
+With ``rollout.calculate_log_probs`` the scores are kept and the log-probs follow
+``rollout.logprobs_mode`` exactly as vLLM defines it (without it, generate keeps no scores):
 
 * ``processed_logprobs``: ``log_softmax`` of the scores generate sampled from (after temperature,
   top-k and top-p; with greedy decoding, the raw logits);
@@ -13,7 +14,7 @@ a neutral one, so only the rollout's sampling parameters shape the distribution,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
@@ -49,7 +50,8 @@ class HFRollout(BaseRollout):
         )
 
     def _generation_config(self, sampling: Sampling) -> GenerationConfig:
-        processed = self.logprobs_mode == "processed_logprobs"
+        processed = self.calculate_log_probs and self.logprobs_mode == "processed_logprobs"
+        raw = self.calculate_log_probs and not processed
         warpers = {} if sampling.greedy else {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -62,13 +64,13 @@ class HFRollout(BaseRollout):
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
             output_scores=processed,
-            output_logits=not processed,
+            output_logits=raw,
             **warpers,
         )
 
     def _sample(
         self, prompts: list[list[int]], sampling: Sampling, seed_key: SeedKey
-    ) -> tuple[list[list[int]], list[list[float]]]:
+    ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
         expanded = [prompt for prompt in prompts for _ in range(sampling.n)]
         generation_config = self._generation_config(sampling)
         batch_size = int(self.config.max_num_seqs)
@@ -78,12 +80,12 @@ class HFRollout(BaseRollout):
             batch = expanded[start : start + batch_size]
             tokens, values = self._generate_batch(batch, sampling, generation_config, seed)
             responses += tokens
-            log_probs += values
-        return responses, log_probs
+            log_probs += values or []
+        return responses, log_probs if self.calculate_log_probs else None
 
     def _generate_batch(
         self, prompts: list[list[int]], sampling: Sampling, generation_config: GenerationConfig, seed: int | None
-    ) -> tuple[list[list[int]], list[list[float]]]:
+    ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
@@ -105,6 +107,8 @@ class HFRollout(BaseRollout):
                 stopping_criteria=stopping,
             )
         generated = out.sequences[:, width:]
+        if not self.calculate_log_probs:
+            return generated.cpu().tolist(), None
         scores = torch.stack(out.scores if out.scores is not None else out.logits, dim=1)
         token_log_probs = scores.float().log_softmax(dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
         return generated.cpu().tolist(), token_log_probs.cpu().tolist()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 
@@ -31,8 +31,8 @@ OUTPUT_TENSOR_KEYS = (
     "input_ids",
     "attention_mask",
     "position_ids",
-    "rollout_log_probs",
 )
+LOG_PROB_KEY = "rollout_log_probs"  # present when rollout.calculate_log_probs
 
 
 class PromptTooLongError(UserError, ValueError):
@@ -149,7 +149,7 @@ def build_rollout_output(
     prompts: DataProto,
     prompt_tokens: list[list[int]],
     responses: list[list[int]],
-    log_probs: list[list[float]],
+    log_probs: Optional[list[list[float]]],
     sampling: Sampling,
     pad_token_id: int,
 ) -> DataProto:
@@ -157,18 +157,18 @@ def build_rollout_output(
 
     ``responses[j]``/``log_probs[j]`` belong to prompt ``j // n``, already cut at their end.
     Tensors: ``prompts`` (left-padded to the input width), ``responses`` and ``response_mask``
-    and ``rollout_log_probs`` (right-padded to ``max_new_tokens``; log-prob 0 on padding),
-    ``input_ids``/``attention_mask``/``position_ids`` over prompt + response. Every other
-    input column (``uid``, ``ground_truth`` ...) is repeated ``n`` times; meta_info is kept.
+    (right-padded to ``max_new_tokens``), ``input_ids``/``attention_mask``/``position_ids`` over
+    prompt + response, and with ``log_probs`` (None: none were computed) ``rollout_log_probs``
+    (right-padded; log-prob 0 on padding). Every other input column (``uid``, ``ground_truth`` ...)
+    is repeated ``n`` times; meta_info is kept.
     """
     n, width = sampling.n, sampling.max_new_tokens
-    if len(responses) != len(prompt_tokens) * n or len(log_probs) != len(responses):
+    if len(responses) != len(prompt_tokens) * n or (log_probs is not None and len(log_probs) != len(responses)):
         raise RuntimeError(f"rollout produced {len(responses)} responses for {len(prompt_tokens)} prompts x n={n}")
     prompt_width = prompts.batch["input_ids"].shape[1] if "input_ids" in prompts.batch else 0
     prompt_ids, prompt_mask = left_pad([row for row in prompt_tokens for _ in range(n)], prompt_width, pad_token_id)
     response_ids = _right_pad(responses, width, pad_token_id, torch.long)
     response_mask = _right_pad([[1] * len(r) for r in responses], width, 0, torch.long)
-    rollout_log_probs = _right_pad(log_probs, width, 0.0, torch.float32)
     prompt_positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
     last = prompt_positions[:, -1:] if prompt_width else torch.full((len(responses), 1), -1, dtype=torch.long)
     response_positions = last + torch.arange(1, width + 1, dtype=torch.long)
@@ -179,8 +179,9 @@ def build_rollout_output(
         "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
         "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
         "position_ids": torch.cat([prompt_positions, response_positions], dim=1),
-        "rollout_log_probs": rollout_log_probs,
     }
+    if log_probs is not None:
+        batch[LOG_PROB_KEY] = _right_pad(log_probs, width, 0.0, torch.float32)
     passthrough = prompts.select(
         [k for k in prompts.batch if k not in batch], list(prompts.non_tensor_batch)
     ).repeat(n, interleave=True)
@@ -192,12 +193,12 @@ def build_rollout_output(
 
 
 def cut_responses(
-    responses: Iterable[Sequence[int]], log_probs: Iterable[Sequence[float]], end: ResponseEnd
-) -> tuple[list[list[int]], list[list[float]]]:
-    """Cut each response (and its log-probs) just after its end token."""
-    cut_tokens, cut_log_probs = [], []
-    for tokens, values in zip(responses, log_probs):
-        keep = end.length(tokens)
-        cut_tokens.append(list(tokens[:keep]))
-        cut_log_probs.append(list(values[:keep]))
-    return cut_tokens, cut_log_probs
+    responses: Iterable[Sequence[int]], log_probs: Optional[Iterable[Sequence[float]]], end: ResponseEnd
+) -> tuple[list[list[int]], Optional[list[list[float]]]]:
+    """Cut each response (and its log-probs, if any) just after its end token."""
+    responses = [list(tokens) for tokens in responses]
+    keep = [end.length(tokens) for tokens in responses]
+    cut_tokens = [tokens[:count] for tokens, count in zip(responses, keep)]
+    if log_probs is None:
+        return cut_tokens, None
+    return cut_tokens, [list(values[:count]) for values, count in zip(log_probs, keep)]

@@ -27,7 +27,7 @@ import gc
 import os
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -115,7 +115,7 @@ class VLLMRollout(BaseRollout):
     # ------------------------------------------------------------------ generation
     def _sample(
         self, prompts: list[list[int]], sampling: Sampling, seed_key: SeedKey
-    ) -> tuple[list[list[int]], list[list[float]]]:
+    ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
         from vllm import SamplingParams
 
         self._require_awake("generate")
@@ -133,19 +133,18 @@ class VLLMRollout(BaseRollout):
                         stop=list(sampling.stop) or None,
                         stop_token_ids=sorted(self.end_token_ids(sampling)),
                         seed=None if seed_key is None else request_seed(*seed_key, row, sample),
-                        logprobs=0,
+                        logprobs=0 if self.calculate_log_probs else None,  # 0: the sampled token's only
                         detokenize=bool(sampling.stop),
                     )
                 )
         lora_request = None if self._adapter is None else self._adapter.request
         outputs = self._llm.generate(requests, params, use_tqdm=False, lora_request=lora_request)
-        responses, log_probs = [], []
-        for output in outputs:
-            completion = output.outputs[0]
-            tokens = list(completion.token_ids)
-            responses.append(tokens)
-            log_probs.append([completion.logprobs[i][token].logprob for i, token in enumerate(tokens)])
-        return responses, log_probs
+        completions = [output.outputs[0] for output in outputs]
+        responses = [list(completion.token_ids) for completion in completions]
+        if not self.calculate_log_probs:
+            return responses, None
+        return responses, [[completion.logprobs[i][token].logprob for i, token in enumerate(tokens)]
+                           for completion, tokens in zip(completions, responses)]
 
     # ------------------------------------------------------------------ weights and lifecycle
     def _load_weights(self, named_tensors: NamedTensors) -> None:
@@ -162,6 +161,8 @@ class VLLMRollout(BaseRollout):
         if self._adapter is None:
             raise ConfigError("config key 'rollout.lora_sync': this vLLM engine was built without adapter slots; "
                               "set rollout.lora_sync=adapter with actor.engine.lora.rank > 0")
+        if self.skips_debug_sync():
+            return 0
         if self._llm is None:
             raise RuntimeError("cannot load adapters: this vLLM rollout has been shut down")
         self.wake_up()  # colocated on a GPU the engine slept through the update (free_cache_engine)

@@ -83,6 +83,9 @@ def _check_service(config: DictConfig) -> None:
     if service.max_sample_batch < 1:
         raise ConfigError(f"config key 'service.max_sample_batch' must be >= 1 (1: each sampling request alone), "
                           f"got {service.max_sample_batch}")
+    if not config.rollout.calculate_log_probs:
+        raise ConfigError("config key 'rollout.calculate_log_probs': the service's samples carry each token's log-prob "
+                          "(Tinker's SampleResponse); leave it true")
     name = str(config.engine.name)
     if Capability.LORA not in ENGINE_REGISTRY.get(name, config_key="engine.name").capabilities:
         lora_engines = list(engines_with(Capability.LORA))

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig
 
+from rlflow.algos import check_rollout_correction
 from rlflow.config import ConfigError
 from rlflow.config.loading.choices import (
     Choice,
@@ -66,7 +67,7 @@ PPO_ENTRY = EntryPoint(
     engine_mounts=PPO_ENGINE_MOUNTS,
     policy_mounts=("actor.engine",),
     group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
-    checks=(_check_lora_sync, check_rollout_memory),
+    checks=(_check_lora_sync, check_rollout_memory, check_rollout_correction),
     preflight=preflight_ppo,
 )
 

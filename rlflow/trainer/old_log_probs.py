@@ -10,6 +10,10 @@ the separate forward pass is skipped. ``actor.recompute_old_log_probs`` picks th
 
 * ``auto``: reuse the update's forward where ``recompute_reason`` finds nothing against it;
 * ``always``: always run the separate forward pass.
+
+Rollout correction turns the reuse off: its weights and rejection compare the old log-probs with
+the rollout's before the update (a separate pass computes them), and in bypass mode the old
+log-probs are the rollout's own (no pass at all: ``RolloutCorrection`` in ``phases``).
 """
 
 from __future__ import annotations
@@ -20,15 +24,25 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from rlflow.algos.rollout_correction import BYPASS, DECOUPLED, correction_mode, correction_settings
 from rlflow.protocol import DataProto
 
 # Model config keys whose non-zero value makes a training-mode forward differ from an
 # evaluation-mode one (the separate pass runs in evaluation mode, the update in training mode).
 TRAIN_MODE_ONLY_KEY_PARTS = ("dropout", "pdrop", "jitter")
 
-# (why the old log-probs must be recomputed, whether that holds for a config); checked in order.
+
+def _correction_mode(cfg: Any) -> Optional[str]:
+    return correction_mode(correction_settings(cfg.algorithm.rollout_correction))
+
+
+# (why the update's forward cannot give the old log-probs, whether that holds for a config); checked in order.
 RecomputeRule = tuple[str, Callable[[Any], bool]]
 RECOMPUTE_RULES: tuple[RecomputeRule, ...] = (
+    ("algorithm.rollout_correction.bypass_mode: the old log-probs are the rollout's (no old-log-prob pass)",
+     lambda cfg: _correction_mode(cfg) == BYPASS),
+    ("algorithm.rollout_correction: its weights or rejection compare the old log-probs with the rollout's before the update",
+     lambda cfg: _correction_mode(cfg) == DECOUPLED),
     ("actor.recompute_old_log_probs=always", lambda cfg: cfg.actor.recompute_old_log_probs == "always"),
     ("actor.ppo_epochs > 1: later epochs run after optimizer steps",
      lambda cfg: cfg.actor.ppo_epochs != 1),
@@ -59,7 +73,8 @@ def train_mode_only_settings(model_path: str | Path) -> dict[str, float]:
 
 
 def recompute_reason(config: Any, model_path: Optional[str | Path] = None) -> Optional[str]:
-    """Why this run must compute the old log-probs in a separate forward pass; ``None``: reuse the update's.
+    """Why this run's old log-probs cannot be the update forward's (a separate forward pass computes them,
+    or in bypass mode the rollout's are taken); ``None``: reuse the update's.
 
     ``model_path`` (the actor's HF folder) is checked for dropout: a training-mode forward with
     dropout does not give the evaluation-mode log-probs.

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-from rlflow.algos import masked_mean
+from rlflow.algos import compute_rollout_correction_and_rejection_mask, masked_mean
 from rlflow.observability.val_metrics import PRED, named_validation_metrics, source_metrics
 from rlflow.protocol import DataProto
 from rlflow.rewards.scoring import ScoreResult
@@ -25,10 +25,15 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
 
 
 def data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]:
-    """Scores, rewards, advantages, returns, values, lengths and entropy of one training batch."""
+    """Scores, rewards, advantages, returns, values, lengths and entropy of one training batch.
+
+    Lengths count the generated tokens (the response part of ``attention_mask``), so rollout correction's
+    rejection, which zeroes ``response_mask``, does not shorten them. ``actor/entropy`` comes from the
+    old-log-prob pass's ``entropys``; a step without them (bypass mode) reports the update forward's.
+    """
     data = batch.batch
     mask = data["response_mask"]
-    response_length = mask.sum(-1).float()
+    response_length = data["attention_mask"][:, -mask.shape[1]:].sum(-1).float()
     prompt_length = data["attention_mask"].sum(-1).float() - response_length
     metrics = {
         **_stats("critic/score", data["token_level_scores"].sum(-1)),
@@ -38,8 +43,9 @@ def data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]:
         **_stats("response_length", response_length),
         **_stats("prompt_length", prompt_length),
         "response_length/clip_ratio": float((response_length == mask.shape[1]).float().mean()),
-        "actor/entropy": float(masked_mean(data["entropys"], mask)),
     }
+    if "entropys" in data:
+        metrics["actor/entropy"] = float(masked_mean(data["entropys"], mask))
     if use_critic:
         metrics.update(_masked_stats("critic/values", data["values"], mask))
     if "ref_log_prob" in data:
@@ -50,7 +56,8 @@ def data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]:
 def throughput_metrics(batch: DataProto, timings: dict[str, float], world_size: int) -> dict[str, float]:
     """Tokens processed per second of step time, per worker process, and generated tokens per second."""
     total_tokens = float(batch.batch["attention_mask"].sum())
-    generated = float(batch.batch["response_mask"].sum())
+    width = batch.batch["response_mask"].shape[1]
+    generated = float(batch.batch["attention_mask"][:, -width:].sum())  # rejection does not undo generation
     step_s = max(timings.get("step", 0.0), 1e-9)
     return {
         "perf/total_num_tokens": total_tokens,
@@ -59,13 +66,23 @@ def throughput_metrics(batch: DataProto, timings: dict[str, float], world_size: 
     }
 
 
-def step_end_metrics(batch: DataProto, timings: dict[str, float], use_critic: bool, world_size: int,
-                     step: int) -> dict[str, float]:
-    """What a PPO step reports after its phases: rollout/training mismatch, the batch's data metrics,
-    ``timing_s/<phase>``, throughput and ``training/global_step``."""
+def rollout_log_prob_metrics(batch: DataProto) -> dict[str, float]:
+    """The train/inference mismatch (``rollout/logprob_diff_*``) and verl's off-policy metrics
+    (``rollout_corr/*``: kl, k3_kl, perplexities, chi2) of a batch with ``rollout_log_probs``; ``{}`` without."""
     data = batch.batch
+    if "rollout_log_probs" not in data:
+        return {}
+    rollout, old, mask = data["rollout_log_probs"], data["old_log_probs"], data["response_mask"]
+    return {**rollout_mismatch_metrics(rollout, old, mask), **compute_rollout_correction_and_rejection_mask(old, rollout, mask)[2]}
+
+
+def step_end_metrics(batch: DataProto, timings: dict[str, float], use_critic: bool, world_size: int,
+                     step: int, with_rollout_log_prob_metrics: bool = True) -> dict[str, float]:
+    """What a PPO step reports after its phases: ``rollout_log_prob_metrics`` (unless a rollout-correction
+    phase or the bypass loss reported them: ``with_rollout_log_prob_metrics`` false), the batch's data metrics,
+    ``timing_s/<phase>``, throughput and ``training/global_step``."""
     return {
-        **rollout_mismatch_metrics(data["rollout_log_probs"], data["old_log_probs"], data["response_mask"]),
+        **(rollout_log_prob_metrics(batch) if with_rollout_log_prob_metrics else {}),
         **data_metrics(batch, use_critic=use_critic),
         **{f"timing_s/{name}": seconds for name, seconds in timings.items()},
         **throughput_metrics(batch, timings, world_size),

@@ -16,6 +16,7 @@ from typing import Optional
 from omegaconf import DictConfig, open_dict
 
 from rlflow.algos import KLController, get_kl_controller
+from rlflow.algos.rollout_correction import BYPASS
 from rlflow.config import ConfigError
 from rlflow.data.rl_dataset import build_rl_loader
 from rlflow.data.sampler import BatchLoader
@@ -74,11 +75,19 @@ def prepare_run(config: DictConfig) -> PPOSetup:
     scorer = ResponseScorer(reward_manager, config.reward)
     guard = DivergenceGuard.from_config(config)
     checkpoints = CheckpointManager.for_run(config)
-    logger.info("old log-probs: %s", "from the update's forward (exactly on-policy)" if plan.old_log_probs_from_update
-                else f"a separate forward pass ({plan.recompute_reason})")
+    logger.info("old log-probs: %s", old_log_probs_source(plan))
     set_seed(config.trainer.seed)
     return PPOSetup(config, plan, model_path, train_loader, val_loader, total_steps, reward_manager, scorer,
                     guard, kl_ctrl, checkpoints)
+
+
+def old_log_probs_source(plan: RunPlan) -> str:
+    """Where this run's old log-probs come from, and why (the start-up log line)."""
+    if plan.old_log_probs_from_update:
+        return "from the update's forward (exactly on-policy)"
+    if plan.rollout_correction == BYPASS:
+        return f"the rollout's, no separate pass ({plan.recompute_reason})"
+    return f"a separate forward pass ({plan.recompute_reason})"
 
 
 def check_batch_sizes(config: DictConfig, plan: RunPlan) -> None:

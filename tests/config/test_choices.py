@@ -47,6 +47,8 @@ FREE_TEXT = {
     "trainer.export_hf_dir", "trainer.plugins", "rollout.stop", "rollout.val_kwargs.stop", "data.train_files",
     "data.val_files", "trainer.ray_node_ip_address", "trainer.export_lora_adapter_dir",
 }
+# Names checked by rlflow.algos.check_rollout_correction against their registries (rollout_rs: comma-joined options).
+ROLLOUT_CORRECTION_NAMES = {f"algorithm.rollout_correction.{key}" for key in ("rollout_is", "rollout_rs", "loss_type")}
 # Engine keys handed to the model library or checked by the engine that owns them.
 ENGINE_FREE_TEXT = {"name", "attn_implementation", "wrap_layer_classes", "lora.target_modules", "lora.adapter_path"}
 
@@ -126,7 +128,7 @@ def test_every_choice_field_is_in_the_table(schema, table):
     checked = {choice.key for choice in table}
     engine_keys = [k for k in _string_fields(HFModuleEngineConfig) if k not in ENGINE_FREE_TEXT]
     mounts = PPO_ENGINE_MOUNTS if schema is PPOConfig else SFT_ENGINE_MOUNTS
-    expected = {k for k in _string_fields(schema) if k not in FREE_TEXT}
+    expected = {k for k in _string_fields(schema) if k not in FREE_TEXT | ROLLOUT_CORRECTION_NAMES}
     expected |= {f"{mount}.{key}" for mount in mounts for key in engine_keys}
     assert expected - checked == set(), "new choice fields: add them to rlflow/config/loading/choices.py (or the entry point's own choices) or FREE_TEXT"
 

@@ -38,6 +38,9 @@ ACTOR, OPTIM = "actor_rollout_ref.actor.", "actor_rollout_ref.actor.optim."
 # verl keys (by their end) whose value changes form: (extra verl arguments, the value set, the value rlflow must hold).
 # Warmup: verl warms over int(0.3 x 10 steps) = 3 of its once-per-step schedule's steps; rlflow steps per update,
 # 8 prompts / 2 per mini-batch = 4 a step in PPO (12), one a step in SFT (3).
+# Rollout correction's keys with the keys its start-up check wants beside them.
+CORRECTION, LOG_PROBS = "algorithm.rollout_correction.", "actor_rollout_ref.rollout.calculate_log_probs=True"
+BYPASS_CONTEXT = [LOG_PROBS, f"{ACTOR}policy_loss.loss_mode=vanilla"]  # bypass mode replaces a vanilla loss only
 WARMUP_CONTEXT = ["trainer.total_training_steps=10", "data.train_batch_size=8", f"{ACTOR}ppo_mini_batch_size=2"]
 SPECIAL: dict[str, tuple[list[str], Any, dict[str, Any]]] = {
     "hybrid_engine": ([], False, {"ppo_trainer": "split"}),
@@ -56,6 +59,15 @@ SPECIAL: dict[str, tuple[list[str], Any, dict[str, Any]]] = {
     "lora_adapter_path": ([f"{ACTOR[:-6]}model.lora_rank=0"], "/walk/adapter", {"ppo_trainer": "/walk/adapter"}),  # a folder is read at rank > 0
     "trainer.device": ([], "cuda", {"ppo_trainer": "cuda", "sft_trainer": "cuda"}),
     "strategy": ([], "fsdp", {"ppo_trainer": "fsdp", "sft_trainer": "fsdp"}),  # an engine pick: <mount>=fsdp
+    "policy_loss.loss_mode": ([], "gspo", {"ppo_trainer": "gspo"}),  # not bypass_mode: rollout correction's bypass picks it
+    "rollout_correction.rollout_is": ([LOG_PROBS], "sequence", {"ppo_trainer": "sequence"}),
+    "rollout_correction.rollout_is_threshold": ([], 3.0, {"ppo_trainer": 3.0}),  # a legal one, checked with rollout_is
+    "rollout_correction.rollout_rs": ([LOG_PROBS, f"{CORRECTION}rollout_rs_threshold=0.5"], "seq_mean_k3",
+                                      {"ppo_trainer": "seq_mean_k3"}),
+    "rollout_correction.rollout_rs_threshold": ([LOG_PROBS, f"{CORRECTION}rollout_rs=token_k2"], 0.37, {"ppo_trainer": 0.37}),
+    "rollout_correction.bypass_mode": (BYPASS_CONTEXT, True, {"ppo_trainer": True}),
+    "rollout_correction.loss_type": (BYPASS_CONTEXT + [f"{CORRECTION}bypass_mode=True"], "reinforce",
+                                     {"ppo_trainer": "reinforce"}),
 }
 # Where a value lands when that is not the table's rlflow key: config loading merges verl's external_lib into plugins.
 LANDS_IN = {"trainer.external_lib": "trainer.plugins"}
@@ -298,6 +310,13 @@ CONSUMED_IN: dict[str, tuple[str, ...]] = {
     "algorithm.kl_penalty": ("rlflow/trainer/phases/advantages.py",),
     "algorithm.lam": ("rlflow/trainer/phases/advantages.py",),
     "algorithm.norm_adv_by_std_in_grpo": ("rlflow/trainer/phases/advantages.py",),
+    "algorithm.rollout_correction.bypass_mode": ("rlflow/algos/rollout_correction/settings.py",),
+    "algorithm.rollout_correction.loss_type": ("rlflow/algos/rollout_correction/bypass_loss.py",),
+    "algorithm.rollout_correction.rollout_is": ("rlflow/algos/rollout_correction/pipeline.py",),
+    "algorithm.rollout_correction.rollout_is_batch_normalize": ("rlflow/algos/rollout_correction/pipeline.py",),
+    "algorithm.rollout_correction.rollout_is_threshold": ("rlflow/algos/rollout_correction/pipeline.py",),
+    "algorithm.rollout_correction.rollout_rs": ("rlflow/algos/rollout_correction/pipeline.py",),
+    "algorithm.rollout_correction.rollout_rs_threshold": ("rlflow/algos/rollout_correction/pipeline.py",),
     "algorithm.use_kl_in_reward": ("rlflow/trainer/phases/advantages.py",),
     "critic.cliprange_value": ("rlflow/roles/losses.py",),
     "critic.loss_agg_mode": ("rlflow/roles/losses.py",),
@@ -335,6 +354,7 @@ CONSUMED_IN: dict[str, tuple[str, ...]] = {
     "rollout.engine_kwargs.*": ("rlflow/rollout/vllm_rollout.py", "engine_kwargs"),
     "rollout.free_cache_engine": ("rlflow/rollout/vllm_rollout.py",),
     "rollout.gpu_memory_utilization": ("rlflow/rollout/vllm_rollout.py",),  # the KV cache size (rollout/kv_cache.py)
+    "rollout.calculate_log_probs": ("rlflow/rollout/base.py",),
     "rollout.logprobs_mode": ("rlflow/rollout/base.py",),
     "rollout.max_model_len": ("rlflow/rollout/base.py",),
     "rollout.max_num_seqs": ("rlflow/rollout/vllm_rollout.py",),

@@ -34,7 +34,8 @@ def _run(tiny_model, addition_data, run_dir, extra: list[str], metric: str) -> l
 
 def test_grpo_with_megatron_at_tp2_trains_and_syncs(tiny_model, addition_data, tmp_path):
     run_dir = tmp_path / "run"
-    grpo = ["algorithm=grpo", "ref.engine=megatron", "ref.engine.tensor_model_parallel_size=2", "actor.use_kl_loss=true"]
+    grpo = ["algorithm=grpo", "ref.engine=megatron", "ref.engine.tensor_model_parallel_size=2", "actor.use_kl_loss=true",
+            "rollout.calculate_log_probs=true"]
     records = _run(tiny_model, addition_data, run_dir, grpo, "actor/grad_norm")
     assert all(r["actor/grad_norm"] > 0 for r in records)
     print("vLLM vs trainer log-prob difference (mean, max) per step:",

@@ -37,8 +37,12 @@ def _reason(tiny_model, addition_data, tmp_path, extra: list[str]):
         (["algorithm.use_kl_in_reward=true"], "use_kl_in_reward"),
         (["actor.recompute_old_log_probs=always"], "recompute_old_log_probs=always"),
         (["actor.use_kl_loss=true", "actor.entropy_coeff=0.01", "algorithm=ppo", "critic.ppo_mini_batch_size=2"], None),
+        (["rollout.calculate_log_probs=true"], None),  # the off-policy metrics alone are computed after the update
+        (["rollout.calculate_log_probs=true", "rollout_correction=decoupled_token_is"], "compare the old log-probs"),
+        (["rollout.calculate_log_probs=true", "rollout_correction=bypass_ppo_clip"], "the old log-probs are the rollout's"),
     ],
-    ids=["on_policy", "two_epochs", "two_mini_batches", "kl_in_reward", "forced", "kl_loss_entropy_critic"],
+    ids=["on_policy", "two_epochs", "two_mini_batches", "kl_in_reward", "forced", "kl_loss_entropy_critic",
+         "rollout_log_probs", "decoupled_correction", "bypass"],
 )
 def test_when_the_update_forward_gives_the_old_log_probs(tiny_model, addition_data, tmp_path, extra, reason_part):
     reason = _reason(tiny_model, addition_data, tmp_path, extra)
@@ -78,6 +82,7 @@ def test_reusing_the_update_forward_matches_the_recompute(tiny_model, addition_d
             "rollout=hf",  # starts faster than vLLM; the rollout is not what is compared
             "trainer.total_training_steps=2",
             "actor.engine.optimizer.lr=1e-3",
+            "rollout.calculate_log_probs=true",  # the mismatch metrics, with the old log-probs of either source
         ])
         assert result.returncode == 0, result.stderr[-3000:]
         runs[mode] = read_jsonl(tmp_path / mode / "metrics.jsonl")

@@ -26,6 +26,7 @@ def test_grpo_with_torchtitan_at_tp2_trains_and_syncs(tiny_model, addition_data,
         "ref.engine=torchtitan",
         "ref.engine.tensor_parallel_size=2",
         "actor.use_kl_loss=true",
+        "rollout.calculate_log_probs=true",  # rollout/logprob_diff_* below
         "actor.engine.optimizer.lr=1e-3",  # a step that moves the log-probs: a stale sync would show in step 2
         "trainer.n_procs_per_node=2",
         "trainer.total_training_steps=2",

@@ -8,6 +8,7 @@ empty log-probs, also through the worker group, and a training call on one fails
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import pytest
@@ -15,10 +16,11 @@ import torch
 from roles_testlib import (ATOL, ROWS, RESPONSE, TEMPERATURE, RecordingEngine, assert_response_close, engine_params,
                            hf_response_log_probs, policy_config, rl_batch, role_config, token_batch)
 
+from rlflow.config.schema import RolloutCorrectionConfig
 from rlflow.engines.base import Capability
 from rlflow.protocol import DataProto
 from rlflow.roles.actor import Actor
-from rlflow.meta_info import COMPUTE_ENTROPY, METRICS, OLD_LOG_PROBS_FROM_UPDATE
+from rlflow.meta_info import COMPUTE_ENTROPY, METRICS, OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION
 from rlflow.meta_info import TEMPERATURE as TEMPERATURE_KEY
 from rlflow.roles.losses import make_policy_loss_fn
 from rlflow.workers.local_group import LocalWorkerGroup
@@ -127,3 +129,26 @@ def test_forward_backward_hands_back_the_update_forward_per_token_when_on_policy
     silent = SimpleNamespace(engine=RecordingEngine(False), actor_config=config, loss_fn=make_policy_loss_fn(config))
     empty = Actor.forward_backward(silent, data)
     assert len(empty) == 0 and "actor/pg_loss" in empty.meta_info[METRICS.name]
+
+
+def test_forward_backward_carries_rollout_correction_to_the_loss_and_its_metrics_back():
+    """Stand-in engine: decoupled weights travel in the view; bypass settings select the bypass loss, whose
+    ``rollout_corr/*`` metrics come back, and make the update forward compute the entropy."""
+    data = rl_batch()
+    data.batch["advantages"] = torch.randn(ROWS, RESPONSE)
+    data.batch["old_log_probs"] = -torch.ones(ROWS, RESPONSE)
+    data.batch["rollout_is_weights"] = torch.full((ROWS, RESPONSE), 0.5)
+    config = policy_config()
+    role = SimpleNamespace(engine=RecordingEngine(True), actor_config=config, loss_fn=make_policy_loss_fn(config))
+    Actor.forward_backward(role, data)
+    assert torch.equal(role.engine.views[0].batch["rollout_is_weights"], data.batch["rollout_is_weights"])
+    data.batch.pop("rollout_is_weights")
+    data.meta_info = {ROLLOUT_CORRECTION.name: asdict(RolloutCorrectionConfig(bypass_mode=True))}
+    out = Actor.forward_backward(role, data)
+    assert role.engine.views[1].meta_info[ROLLOUT_CORRECTION.name]["bypass_mode"] is True
+    assert role.engine.views[1].meta_info[COMPUTE_ENTROPY.name] is True  # no old-log-prob pass: the update gives entropy
+    assert role.engine.views[0].meta_info[COMPUTE_ENTROPY.name] is False
+    assert "rollout_corr/kl" in out.meta_info[METRICS.name] and "actor/pg_loss" in out.meta_info[METRICS.name]
+    data.meta_info[OLD_LOG_PROBS_FROM_UPDATE.name] = True
+    with pytest.raises(ValueError, match="bypass mode"):
+        Actor.forward_backward(role, data)

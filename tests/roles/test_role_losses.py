@@ -1,18 +1,21 @@
 """The RL losses the roles hand to an engine (``rlflow.roles.losses``): the actor config is converted once,
-not per micro-batch, and an on-policy batch takes the detached current log-probs as old."""
+not per micro-batch, an on-policy batch takes the detached current log-probs as old, and rollout correction's
+weights and bypass settings go from the batch to the loss."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import torch
 from roles_testlib import PROMPT, RESPONSE, ROWS, policy_config, rl_batch
 
-from rlflow.algos import get_policy_loss_fn
+from rlflow.algos import compute_policy_loss_bypass_mode, get_policy_loss_fn
+from rlflow.config.schema import RolloutCorrectionConfig
 from rlflow.engines import LossContext
 from rlflow.protocol import DataProto
-from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE
-from rlflow.roles.losses import make_policy_loss_fn
+from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION
+from rlflow.roles.losses import global_batch_info, make_policy_loss_fn
 
 CTX = LossContext(global_num_tokens=ROWS * RESPONSE, global_num_seqs=ROWS, dp_size=1, num_micro_batches=1,
                   micro_batch_index=0)
@@ -73,3 +76,41 @@ def test_on_policy_loss_takes_the_detached_current_log_probs_as_old():
     (expected_grad,) = torch.autograd.grad(expected, log_probs)
     torch.testing.assert_close(loss, expected, rtol=0, atol=0)
     torch.testing.assert_close(grad, expected_grad, rtol=0, atol=0)
+
+
+def _loss_inputs():
+    torch.manual_seed(0)
+    data = rl_batch()
+    data.batch["old_log_probs"] = -torch.rand(ROWS, RESPONSE)
+    data.batch["advantages"] = torch.randn(ROWS, RESPONSE)
+    return data, -torch.rand(ROWS, PROMPT + RESPONSE)
+
+
+def test_policy_loss_hands_the_batchs_rollout_is_weights_to_the_loss():
+    loss_fn = make_policy_loss_fn(policy_config())
+    data, log_probs = _loss_inputs()
+    plain, _ = loss_fn({"log_probs": log_probs}, data, CTX)
+    weights = torch.rand(ROWS, RESPONSE)
+    data.batch["rollout_is_weights"] = weights
+    weighted, _ = loss_fn({"log_probs": log_probs}, data, CTX)
+    reference_config = SimpleNamespace(clip_ratio=0.2, clip_ratio_c=3.0, global_batch_info=global_batch_info(CTX))
+    expected, _ = get_policy_loss_fn("vanilla")(
+        data.batch["old_log_probs"], log_probs[:, PROMPT:], data.batch["advantages"], data.batch["response_mask"],
+        "token-mean", reference_config, rollout_is_weights=weights)
+    torch.testing.assert_close(weighted, expected, rtol=0, atol=0)
+    assert not torch.equal(weighted, plain)
+
+
+def test_bypass_settings_in_meta_info_run_the_bypass_loss():
+    loss_fn = make_policy_loss_fn(policy_config())
+    data, log_probs = _loss_inputs()
+    settings = RolloutCorrectionConfig(rollout_is="token", bypass_mode=True, loss_type="reinforce")
+    data.meta_info[ROLLOUT_CORRECTION.name] = asdict(settings)
+    loss, metrics = loss_fn({"log_probs": log_probs}, data, CTX)
+    reference_config = SimpleNamespace(global_batch_info=global_batch_info(CTX), policy_loss=SimpleNamespace(
+        rollout_correction=settings))
+    expected, expected_metrics = compute_policy_loss_bypass_mode(
+        data.batch["old_log_probs"], log_probs[:, PROMPT:], data.batch["advantages"], data.batch["response_mask"],
+        "token-mean", reference_config)
+    torch.testing.assert_close(loss, expected, rtol=0, atol=0)
+    assert metrics["rollout_corr/kl"] == expected_metrics["rollout_corr/kl"] and "rollout_corr/rollout_is_mean" in metrics

@@ -17,8 +17,9 @@ PROMPTS = [
 
 
 def rollout_config(name: str, **overrides) -> RolloutConfig:
-    """A small engine: short lengths, a 64 MiB KV cache."""
-    base = RolloutConfig(name=name, prompt_length=48, response_length=8, n=1, kv_cache_space_gb=0.0625)
+    """A small engine: short lengths, a 64 MiB KV cache, log-probs returned."""
+    base = RolloutConfig(name=name, prompt_length=48, response_length=8, n=1, kv_cache_space_gb=0.0625,
+                         calculate_log_probs=True)
     return replace(base, **overrides)
 
 

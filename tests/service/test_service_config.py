@@ -27,6 +27,8 @@ def _prepared(overrides: list[str]) -> object:
     (["service.api_keys=[tml-a]", "service.models.tiny=/x", "+service.prot=1"], "service.prot"),
     (["service.api_keys=[tml-a]", "service.models.tiny=/x", "service.max_sample_batch=0"],
      "config key 'service.max_sample_batch' must be >= 1"),
+    (["service.api_keys=[tml-a]", "service.models.tiny=/x", "rollout.calculate_log_probs=false"],
+     "config key 'rollout.calculate_log_probs': the service's samples carry each token's log-prob"),
     (["service.api_keys=[tml-a]", "service.models.tiny=/nowhere"], "config key 'service.models': "),
 ])
 def test_config_mistakes_are_one_line(overrides, message):

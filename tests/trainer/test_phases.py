@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from rlflow.algos import get_kl_controller
-from rlflow.meta_info import (GLOBAL_STEP, METRICS, MINI_BATCH_SIZE, OLD_LOG_PROBS_FROM_UPDATE, SEED, TEMPERATURE,
-                              VALIDATE)
+from rlflow.meta_info import (GLOBAL_STEP, METRICS, MINI_BATCH_SIZE, OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, SEED,
+                              TEMPERATURE, VALIDATE)
 from rlflow.protocol import DataProto
 from rlflow.rollout.processing import build_rollout_output
 from rlflow.rollout.sampling import Sampling
@@ -30,9 +30,11 @@ from rlflow.trainer.phases import PhaseContext, RunPlan, StepState, run_step
 from rlflow.trainer.phases.advantages import Advantages
 from rlflow.trainer.phases.base import Phase, PhaseKeyError, StepRecord
 from rlflow.trainer.phases.generate import GreedyBaselines
+from rlflow.trainer.phases.rollout_correction import RolloutCorrection
 from rlflow.trainer.response_scoring import ResponseScorer
 
 PROMPTS, RESPONSE, PAD = 4, 6, 0
+ROLLOUT_LOG_PROB, OLD_LOG_PROB = -0.5, -0.45  # the stand-in rollout's and old-log-prob pass's value of every token
 BASE = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2", "trainer.n_procs_per_node=2",
         "data.max_response_length=6", "rollout.response_length=6"]
 
@@ -64,7 +66,8 @@ def _generate(config: Any) -> Callable[[DataProto], DataProto]:
         tokens = [row[mask.bool()].tolist() for row, mask in zip(prompts.batch["input_ids"], prompts.batch["attention_mask"])]
         responses = [[3 + (i % 5)] * (1 + (i * 7 + int(greedy)) % RESPONSE) for i in range(len(tokens) * n)]
         sampling = Sampling(n, greedy, 1.0, 1.0, -1, RESPONSE, (), None)
-        out = build_rollout_output(prompts, tokens, responses, [[-0.5] * len(r) for r in responses], sampling, PAD)
+        log_probs = [[ROLLOUT_LOG_PROB] * len(r) for r in responses] if config.rollout.calculate_log_probs else None
+        out = build_rollout_output(prompts, tokens, responses, log_probs, sampling, PAD)
         out.meta_info[METRICS.name] = {"timing_s/generate": 0.1, "rollout/generated_tokens": float(out.batch["response_mask"].sum())}
         return out
     return generate
@@ -78,7 +81,7 @@ def _forward_backward(mini: DataProto) -> DataProto:
 
 def _roles(config: Any, calls: list[tuple[str, Any]]) -> SimpleNamespace:
     actor = SimpleNamespace(
-        compute_log_prob=Method("compute_log_prob", calls, lambda d: _columns(d, old_log_probs=-0.45, entropys=0.7)),
+        compute_log_prob=Method("compute_log_prob", calls, lambda d: _columns(d, old_log_probs=OLD_LOG_PROB, entropys=0.7)),
         compute_ref_log_prob=Method("compute_ref_log_prob", calls, lambda d: _columns(d, ref_log_prob=-0.6)),
         forward_backward=Method("forward_backward", calls, _forward_backward),
         optim_step=Method("optim_step", calls, lambda: [{"actor/skipped": 0.0, "actor/grad_norm": 1.5}]),
@@ -132,6 +135,14 @@ CASES = {  # overrides, step -> the worker calls of that step, in order
                                  "algorithm.use_kl_in_reward=true"], 1,
                                 ["generate_sequences", "compute_log_prob", "compute_ref_log_prob", "compute_values", "update_critic"]),
     "remax": (["algorithm=remax"], 2, ["generate_sequences", "compute_log_prob", "generate_sequences"] + UPDATE),
+    # rollout correction: the weights need the old log-probs before the update (no reuse of the update's forward)
+    "grpo_decoupled_correction": (["actor.ppo_mini_batch_size=4", "rollout.calculate_log_probs=true",
+                                   "rollout_correction=decoupled_token_is"], 1,
+                                  ["generate_sequences", "compute_log_prob", "free_rollout_memory", "forward_backward",
+                                   "optim_step", "sync_weights"]),
+    # bypass mode: the rollout's log-probs are the old ones, no old-log-prob pass
+    "grpo_bypass": (["rollout.calculate_log_probs=true", "rollout_correction=bypass_ppo_clip"], 1,
+                    ["generate_sequences"] + UPDATE),
 }
 
 
@@ -199,3 +210,66 @@ def test_a_phase_that_writes_an_undeclared_column_is_refused():
     ctx = _context([], [])
     with pytest.raises(PhaseKeyError, match=r"phase 'leaky' declares it writes \['a'\] but returned \['a', 'b'\]"):
         StepRecord().add(Leaky(), ctx, DataProto.from_dict({"x": torch.zeros(2)}), StepState.begin(ctx, _prompts(), 1))
+
+
+def _sent(calls: list[tuple[str, Any]], name: str) -> list[DataProto]:
+    return [data for called, data in calls if called == name]
+
+
+LOG_PROBS = ["rollout.calculate_log_probs=true"]
+
+
+def test_the_rollout_log_probs_give_the_off_policy_metrics_at_the_step_end_only_when_computed():
+    calls: list[tuple[str, Any]] = []
+    metrics = run_step(_context(LOG_PROBS + ["actor.ppo_mini_batch_size=4"], calls), _prompts(), 1)  # reused update forward
+    gap = OLD_LOG_PROB - ROLLOUT_LOG_PROB
+    assert metrics["rollout/logprob_diff_mean"] == pytest.approx(0.1)  # the update forward's -0.4 against -0.5
+    assert metrics["rollout_corr/kl"] == pytest.approx(-0.1) and "rollout_corr/rollout_is_mean" not in metrics
+    metrics = run_step(_context(LOG_PROBS, []), _prompts(), 1)  # the separate pass's old log-probs
+    assert metrics["rollout/logprob_diff_mean"] == pytest.approx(gap) and metrics["rollout_corr/kl"] == pytest.approx(-gap)
+    plain = run_step(_context([], []), _prompts(), 1)
+    assert not [key for key in plain if key.startswith(("rollout/logprob_diff", "rollout_corr/"))]
+
+
+def test_decoupled_correction_hands_the_weights_to_every_mini_batch():
+    calls: list[tuple[str, Any]] = []
+    metrics = run_step(_context(LOG_PROBS + ["rollout_correction=decoupled_token_is"], calls), _prompts(), 1)
+    ratio = float(np.exp(OLD_LOG_PROB - ROLLOUT_LOG_PROB))
+    for mini in _sent(calls, "forward_backward"):
+        mask = mini.batch["response_mask"].bool()
+        assert torch.allclose(mini.batch["rollout_is_weights"][mask], torch.tensor(ratio))
+        assert ROLLOUT_CORRECTION.read(mini.meta_info) is None
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(ratio)
+    assert metrics["rollout/logprob_diff_mean"] == pytest.approx(OLD_LOG_PROB - ROLLOUT_LOG_PROB)
+    assert metrics["timing_s/rollout_correction"] >= 0.0
+
+
+def test_bypass_mode_hands_the_settings_and_the_rollout_log_probs_to_the_update():
+    calls: list[tuple[str, Any]] = []
+    ctx = _context(LOG_PROBS + ["rollout_correction=bypass_pg_is"], calls)
+    metrics = run_step(ctx, _prompts(), 1)
+    for mini in _sent(calls, "forward_backward"):
+        settings = ROLLOUT_CORRECTION.read(mini.meta_info)
+        assert settings["bypass_mode"] and settings["loss_type"] == "reinforce" and settings["rollout_is"] == "sequence"
+        mask = mini.batch["response_mask"].bool()
+        assert (mini.batch["old_log_probs"][mask] == ROLLOUT_LOG_PROB).all() and "rollout_is_weights" not in mini.batch
+    assert "compute_log_prob" not in [name for name, _ in calls]
+    assert not [key for key in metrics if key.startswith("rollout/logprob_diff")]  # old = rollout: nothing to compare
+    assert "actor/entropy" not in metrics  # the stand-in update reports none; the real loss reports the forward's
+
+
+def test_the_rejection_masks_the_perturbed_rows_of_a_new_batch_and_reports_the_whole_rollout():
+    ctx = _context(LOG_PROBS + ["rollout_correction=decoupled_k3_rs"], [])
+    rows, width = 6, 5
+    mask = torch.ones(rows, width, dtype=torch.long)
+    mask[:, -1] = 0
+    rollout = torch.full((rows, width), -1.0)
+    old = rollout.clone()
+    old[[1, 4]] += 0.5  # these rows' rollout is off-policy: per-token k3 = e^0.5 - 1 - 0.5 = 0.149 > 0.01
+    batch = DataProto.from_dict({"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": mask})
+    record = StepRecord()
+    corrected = record.produce(RolloutCorrection(), ctx, batch, StepState.begin(ctx, _prompts(), 1))
+    kept = corrected.batch["response_mask"].sum(-1).tolist()
+    assert kept == [4, 0, 4, 4, 0, 4] and batch.batch["response_mask"].sum().item() == rows * 4  # the input is unchanged
+    assert record.metrics["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(2 / 6)
+    assert record.metrics["rollout/logprob_diff_mean"] == pytest.approx(0.5 * 2 / 6)  # before rejection

@@ -5,8 +5,9 @@
 | ``generate`` | ``Generate``, ``Balance``, ``GreedyBaselines`` (ReMax) | prompts -> the rollout's columns; row order; ``uid`` -> ``reward_baselines`` |
 | ``scoring`` | ``Score`` | responses (+ rule-reward columns) -> ``token_level_scores`` |
 | ``forward_passes`` | ``OLD_LOG_PROBS``, ``REF_LOG_PROBS``, ``VALUES`` | model inputs -> ``old_log_probs``/``entropys``, ``ref_log_prob``, ``values`` |
+| ``rollout_correction`` | ``RolloutCorrection`` | decoupled: old + rollout log-probs -> ``response_mask`` (rejection), ``rollout_is_weights``; bypass: ``rollout_log_probs`` -> ``old_log_probs`` |
 | ``advantages`` | ``Advantages`` | scores (+ KL inputs, values, baselines) -> ``token_level_rewards``, ``advantages``, ``returns`` |
-| ``updates`` | ``CriticUpdate``, ``ActorUpdate`` | model inputs + values/returns; + old log-probs/advantages -> (on-policy: ``old_log_probs``, ``entropys``) |
+| ``updates`` | ``CriticUpdate``, ``ActorUpdate`` | model inputs + values/returns; + old log-probs/advantages (+ ``rollout_is_weights``) -> (on-policy: ``old_log_probs``, ``entropys``) |
 | ``sync`` | ``RolloutSleep``, ``WeightSync`` | nothing (the rollout engines' memory and weights) |
 | ``validate`` | ``validate`` (a function over the val loader) | val prompts -> ``val-core/...`` metrics |
 

@@ -17,6 +17,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.algos import KLController, get_adv_estimator_fn
+from rlflow.algos.rollout_correction import correction_mode, correction_settings
 from rlflow.protocol import DataProto
 from rlflow.rewards.manager import RewardManager
 from rlflow.trainer.divergence import DivergenceGuard
@@ -40,7 +41,8 @@ class RunPlan:
     needs_greedy_baseline: bool  # the estimator takes reward baselines (ReMax): a greedy generate per step
     share_prefix: bool  # some role's engine shares prompt prefixes: balance keeps uid groups on one rank
     world_size: int  # worker processes of the run
-    recompute_reason: Optional[str]  # why the old log-probs need their own forward pass (None: they need not)
+    recompute_reason: Optional[str]  # why the update's forward cannot give the old log-probs (None: it gives them)
+    rollout_correction: Optional[str]  # DECOUPLED | BYPASS: a RolloutCorrection phase runs (rlflow.algos.rollout_correction)
 
     @property
     def old_log_probs_from_update(self) -> bool:
@@ -60,6 +62,7 @@ class RunPlan:
                              for role in ("actor", "critic", "ref")),
             world_size=config.trainer.nnodes * config.trainer.n_procs_per_node,
             recompute_reason=recompute_reason(config, model_path),
+            rollout_correction=correction_mode(correction_settings(algo.rollout_correction)),
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rlflow.algos.rollout_correction import BYPASS
 from rlflow.protocol import DataProto, DataProtoFuture
 from rlflow.trainer.phases.base import RolePass
 from rlflow.trainer.phases.columns import MODEL_INPUTS
@@ -41,8 +42,10 @@ VALUES = RoleForward("values", ("values",), lambda roles: roles.critic.compute_v
 
 def forward_passes(ctx: PhaseContext, state: StepState) -> list[RolePass]:
     """This step's passes, in the order they are sent: old log-probs unless the actor update gives them
-    (``old_log_probs.py``), reference log-probs for a KL term, values for GAE."""
-    passes: list[RolePass] = [] if state.old_log_probs_from_update else [OLD_LOG_PROBS]
+    (``old_log_probs.py``) or rollout correction's bypass mode takes the rollout's (the ``RolloutCorrection``
+    phase), reference log-probs for a KL term, values for GAE."""
+    old_log_probs = not state.old_log_probs_from_update and ctx.plan.rollout_correction != BYPASS
+    passes: list[RolePass] = [OLD_LOG_PROBS] if old_log_probs else []
     if ctx.plan.use_ref:
         passes.append(REF_LOG_PROBS)
     if ctx.plan.use_critic:

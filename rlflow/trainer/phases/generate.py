@@ -7,8 +7,8 @@ import torch
 from rlflow.meta_info import GLOBAL_STEP, METRICS, TEMPERATURE, VALIDATE
 from rlflow.protocol import DataProto
 from rlflow.trainer.batch_balance import balance_batch
-from rlflow.trainer.phases.base import Phase
-from rlflow.trainer.phases.columns import ROLLOUT_COLUMNS
+from rlflow.trainer.phases.base import BatchKeys, Phase
+from rlflow.trainer.phases.columns import ROLLOUT_COLUMNS, ROLLOUT_LOG_PROBS
 from rlflow.trainer.phases.context import PhaseContext, StepState
 
 __all__ = ["Balance", "Generate", "GreedyBaselines"]
@@ -19,12 +19,16 @@ class Generate(Phase):
 
     Its input is the step's prompts (``input_ids``/``attention_mask``/``position_ids`` and the
     loader's non-tensor columns); its output is the step's batch, whose ``meta_info`` carries
-    ``TEMPERATURE`` (the log-prob passes use the sampling temperature) and ``GLOBAL_STEP``.
+    ``TEMPERATURE`` (the log-prob passes use the sampling temperature) and ``GLOBAL_STEP``. With
+    ``rollout.calculate_log_probs`` it also holds ``rollout_log_probs``.
     """
 
     name = "generate"
     reads = ("input_ids", "attention_mask", "position_ids")
-    writes = ROLLOUT_COLUMNS
+
+    def keys(self, ctx: PhaseContext, state: StepState) -> BatchKeys:
+        log_probs = (ROLLOUT_LOG_PROBS,) if ctx.config.rollout.calculate_log_probs else ()
+        return BatchKeys(self.reads, ROLLOUT_COLUMNS + log_probs)
 
     def run(self, ctx: PhaseContext, prompts: DataProto, state: StepState) -> DataProto:
         request = prompts.select()

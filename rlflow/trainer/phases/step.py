@@ -1,8 +1,9 @@
 """``run_step``: the synchronous PPO step, a sequence of phase calls.
 
 generate -> balance -> score -> old log-probs / ref log-probs / values (sent together) ->
-[ReMax greedy baseline] -> advantages -> [rollout sleep] -> critic update -> actor update ->
-weight sync. A loop that runs steps differently (asynchronously, multi-turn) composes the same
+[rollout correction] -> [ReMax greedy baseline] -> advantages -> [rollout sleep] -> critic update ->
+actor update -> weight sync. In rollout correction's bypass mode the rollout-correction phase takes
+the place of the old-log-prob pass. A loop that runs steps differently (asynchronously, multi-turn) composes the same
 phases with its own ``StepRecord``.
 """
 
@@ -14,6 +15,7 @@ from rlflow.trainer.phases.base import StepRecord
 from rlflow.trainer.phases.context import PhaseContext, StepState
 from rlflow.trainer.phases.forward_passes import forward_passes
 from rlflow.trainer.phases.generate import Balance, Generate, GreedyBaselines
+from rlflow.trainer.phases.rollout_correction import RolloutCorrection
 from rlflow.trainer.phases.scoring import Score
 from rlflow.trainer.phases.sync import RolloutSleep, WeightSync
 from rlflow.trainer.phases.updates import ActorUpdate, CriticUpdate
@@ -33,6 +35,9 @@ def run_step(ctx: PhaseContext, prompts: DataProto, step: int) -> dict[str, floa
             record.add(Score(), ctx, batch, state)
         with record.timed("log_probs_and_values"):
             record.add_concurrently(forward_passes(ctx, state), ctx, batch, state)
+        if ctx.plan.rollout_correction is not None:
+            with record.timed("rollout_correction"):
+                batch = record.produce(RolloutCorrection(), ctx, batch, state)
         with record.timed("adv"):
             if ctx.plan.needs_greedy_baseline:
                 record.add(GreedyBaselines(), ctx, batch, state)
@@ -47,4 +52,6 @@ def run_step(ctx: PhaseContext, prompts: DataProto, step: int) -> dict[str, floa
                 record.add(ActorUpdate(), ctx, batch, state)
             with record.timed("weight_sync"):
                 record.add(WeightSync(), ctx, batch, state)
-    return {**record.metrics, **step_end_metrics(batch, record.timings, ctx.plan.use_critic, ctx.plan.world_size, step)}
+    uncorrected = ctx.plan.rollout_correction is None  # else the phase or the bypass loss reported rollout_corr/*
+    return {**record.metrics, **step_end_metrics(batch, record.timings, ctx.plan.use_critic, ctx.plan.world_size, step,
+                                                 with_rollout_log_prob_metrics=uncorrected)}

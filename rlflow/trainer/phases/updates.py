@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import torch
 
-from rlflow.meta_info import METRICS, MINI_BATCH_SIZE, OLD_LOG_PROBS_FROM_UPDATE, SEED, TEMPERATURE
+from rlflow.algos.rollout_correction import BYPASS, correction_settings
+from rlflow.meta_info import METRICS, MINI_BATCH_SIZE, OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, SEED, TEMPERATURE
 from rlflow.protocol import DataProto
 from rlflow.trainer.old_log_probs import in_batch_order
 from rlflow.trainer.phases.base import BatchKeys, Phase
 from rlflow.trainer.phases.columns import MODEL_INPUTS
 from rlflow.trainer.phases.context import PhaseContext, StepState
+from rlflow.trainer.phases.rollout_correction import weights_column
 from rlflow.utils.metric_values import mean_per_key
 
 __all__ = ["ActorUpdate", "CriticUpdate"]
@@ -42,6 +46,9 @@ class ActorUpdate(Phase):
     When the step's old log-probs come from the update (one epoch, one mini-batch: ``StepState``), the
     loss takes the forward's own log-probs as old, and those and its entropy become the batch's
     ``old_log_probs`` and ``entropys``, in batch row order.
+
+    Rollout correction: the decoupled mode's ``rollout_is_weights`` go to the loss with each mini-batch;
+    in bypass mode the settings do (``ROLLOUT_CORRECTION``), and the loss runs the ``bypass_mode`` loss.
     """
 
     name = "update_actor"
@@ -50,6 +57,7 @@ class ActorUpdate(Phase):
         from_update = state.old_log_probs_from_update
         reads = MODEL_INPUTS + (("advantages",) if from_update else ("old_log_probs", "advantages"))
         reads += ("ref_log_prob",) if ctx.config.actor.use_kl_loss else ()
+        reads += weights_column(ctx)
         return BatchKeys(reads, ("old_log_probs", "entropys") if from_update else ())
 
     def run(self, ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
@@ -59,6 +67,8 @@ class ActorUpdate(Phase):
         if from_update:
             update.batch[ROW_INDEX] = torch.arange(len(update))
             update.meta_info[OLD_LOG_PROBS_FROM_UPDATE.name] = True
+        if ctx.plan.rollout_correction == BYPASS:
+            update.meta_info[ROLLOUT_CORRECTION.name] = asdict(correction_settings(ctx.config.algorithm.rollout_correction))
         mini_batch = actor_cfg.ppo_mini_batch_size * ctx.config.rollout.n
         step_metrics, checked = [], {}
         for mini in update.make_iterator(mini_batch, actor_cfg.ppo_epochs, actor_cfg.shuffle,
