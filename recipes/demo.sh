@@ -52,7 +52,7 @@ phase preset python -m rlflow.data.presets --out "$OUT/model" --preset tiny --se
 # 2. The task: chains of three one-digit additions/subtractions, "What is 7+5-3+8? Answer with the
 #    number after ####.", scored 1 when the number after #### is right. Writes train/val (RL
 #    prompts) and sft_train/sft_val (worked solutions, one step per line).
-phase data python -m rlflow.data.tasks --task chain_arith --digits 1 --num-ops 3 --train 8000 --val 256 \
+phase data python -m rlflow.data.tasks --task chain_arith --digits 1 --num-ops 3 --train 8000 --val 256 --overwrite \
   --seed "$SEED" --out "$OUT/data"
 
 # 3. SFT warm start on the worked solutions ("7+5=12\n12-3=9\n9+8=17\n#### 17"): main_sft, FSDP2 in a

@@ -18,7 +18,7 @@ ENGINES=${ENGINES:-$($PY -c "from rlflow.engines import ENGINE_REGISTRY; print('
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 $PY -m rlflow.data.presets --out "$OUT/model" --preset tiny --seed 0
-$PY -m rlflow.data.tasks --task addition --digits 2 --out "$OUT/data" --train 96 --val 24 --seed 0
+$PY -m rlflow.data.tasks --task addition --digits 2 --out "$OUT/data" --train 96 --val 24 --seed 0 --overwrite
 
 for engine in $ENGINES; do
   for ws in $WORLD_SIZES; do

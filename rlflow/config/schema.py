@@ -9,7 +9,12 @@ verl has one, so configs carry over.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
+
+from rlflow.config.ranges import (AT_LEAST_1, FINITE, FRACTION, NON_NEGATIVE, OFF_OR_AT_LEAST_1, POSITIVE, SEED, Range,
+                                  Ranges)
+
+EVERY_N_STEPS = Range(-1, note="-1 or 0: never")  # trainer.test_freq, trainer.save_freq
 
 # Value tables of choice keys (checked at config loading, rlflow/config/loading/choices.py).
 RESUME_MODES = ("auto", "force", "disable", "path")  # trainer.resume_mode
@@ -25,6 +30,8 @@ class ModelConfig:
     preset_seed: int = 0
     tokenizer_path: Optional[str] = None  # defaults to `path`
     trust_remote_code: bool = False  # every HF load (engines, rollout, tokenizers) may run code shipped in the folder
+
+    RANGES: ClassVar[Ranges] = {"preset_seed": SEED}
 
 
 @dataclass
@@ -44,6 +51,9 @@ class DataConfig:
     seed: int = 0
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat template variables
 
+    RANGES: ClassVar[Ranges] = {"max_prompt_length": AT_LEAST_1, "max_response_length": AT_LEAST_1,
+                                "train_batch_size": AT_LEAST_1, "val_batch_size": AT_LEAST_1, "seed": SEED}
+
 
 @dataclass
 class PolicyLossConfig:
@@ -55,6 +65,9 @@ class PolicyLossConfig:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 0.1
+
+    RANGES: ClassVar[Ranges] = {"clip_cov_ratio": FRACTION, "clip_cov_lb": FINITE, "clip_cov_ub": FINITE,
+                                "kl_cov_ratio": FRACTION, "ppo_kl_coef": NON_NEGATIVE}
 
 
 @dataclass
@@ -79,6 +92,12 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
 
+    RANGES: ClassVar[Ranges] = {
+        "ppo_mini_batch_size": AT_LEAST_1, "ppo_epochs": AT_LEAST_1, "clip_ratio": POSITIVE, "clip_ratio_low": POSITIVE,
+        "clip_ratio_high": POSITIVE, "clip_ratio_c": Range(1, low_open=True, note="the dual-clip bound"),
+        "tau_pos": POSITIVE, "tau_neg": POSITIVE, "entropy_coeff": FINITE, "kl_loss_coef": NON_NEGATIVE,
+    }
+
 
 @dataclass
 class CriticModelConfig:
@@ -99,6 +118,9 @@ class CriticConfig:
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
     warmup_steps: int = 0  # verl's trainer.critic_warmup: steps that update only the critic
+
+    RANGES: ClassVar[Ranges] = {"ppo_mini_batch_size": AT_LEAST_1, "ppo_epochs": AT_LEAST_1, "cliprange_value": POSITIVE,
+                                "warmup_steps": NON_NEGATIVE}
 
 
 @dataclass
@@ -124,6 +146,9 @@ class SamplingConfig:
     seed: Optional[int] = None
     stop: list[str] = field(default_factory=list)
     max_new_tokens: Optional[int] = None  # null: rollout.response_length
+
+    RANGES: ClassVar[Ranges] = {"n": AT_LEAST_1, "temperature": Range(0, note="0: greedy"), "top_p": Range(0, 1, low_open=True),
+                                "top_k": OFF_OR_AT_LEAST_1, "seed": SEED, "max_new_tokens": AT_LEAST_1}
 
 
 @dataclass
@@ -161,6 +186,13 @@ class RolloutConfig:
     debug_skip_weight_sync_steps: int = 0  # TEST ONLY: skip the first N weight syncs (a deliberately stale rollout)
     val_kwargs: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=1, temperature=0.0, do_sample=False))
 
+    RANGES: ClassVar[Ranges] = {
+        **SamplingConfig.RANGES, "prompt_length": AT_LEAST_1, "response_length": AT_LEAST_1, "max_model_len": AT_LEAST_1,
+        "max_num_seqs": AT_LEAST_1, "kv_cache_space_gb": POSITIVE, "gpu_memory_utilization": Range(0, 1, low_open=True),
+        "tensor_parallel_size": AT_LEAST_1, "weight_sync_bucket_mb": AT_LEAST_1, "lora_rank": NON_NEGATIVE,
+        "num_replicas": Range(0, note="0: one per actor DP rank"), "debug_skip_weight_sync_steps": NON_NEGATIVE,
+    }
+
 
 @dataclass
 class KLControlConfig:
@@ -170,6 +202,8 @@ class KLControlConfig:
     kl_coef: float = 0.001
     target_kl: float = 0.1
     horizon: int = 10000
+
+    RANGES: ClassVar[Ranges] = {"kl_coef": NON_NEGATIVE, "target_kl": POSITIVE, "horizon": AT_LEAST_1}
 
 
 @dataclass
@@ -199,6 +233,8 @@ class AlgorithmConfig:
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
+    RANGES: ClassVar[Ranges] = {"gamma": FRACTION, "lam": FRACTION}
+
 
 @dataclass
 class RewardModelConfig:
@@ -221,6 +257,9 @@ class RewardConfig:
     combine: str = "replace"  # with a reward model: replace (rm_weight*rm) | add (rule + rm_weight*rm); rlflow/rewards/combine.py
     rm_weight: float = 1.0  # weight of the reward model's score in `combine`
 
+    RANGES: ClassVar[Ranges] = {"num_workers": Range(0, note="0: score in the driver"), "error_score": FINITE,
+                                "max_error_fraction": Range(0, 1, note="1: never abort"), "rm_weight": FINITE}
+
 
 @dataclass
 class TimeoutsConfig:
@@ -236,6 +275,10 @@ class TimeoutsConfig:
     forward_backward_s: float = 7200.0  # one log-prob/value pass, one actor mini-batch update, one critic update
     sync_s: float = 1800.0  # actor -> rollout weight sync
     save_s: float = 3600.0  # checkpoint save/load and the HF export
+    connect_s: float = 120.0  # joining a cluster (trainer.ray_address, RAY_ADDRESS), and waiting for it to offer the workers' resources
+
+    RANGES: ClassVar[Ranges] = {f"{phase}_s": Range(0, low_open=True, note="seconds")
+                                for phase in ("init", "generate", "reward", "forward_backward", "sync", "save", "connect")}
 
 
 @dataclass
@@ -254,6 +297,9 @@ class ClusterConfig:
     plugins: list[str] = field(default_factory=list)  # modules / .py files every process imports first (docs/config.md)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
     external_lib: Any = None  # verl's spelling: a module or file, or a list; merged into `plugins` at start-up
+
+    RANGES: ClassVar[Ranges] = {"nnodes": AT_LEAST_1, "n_procs_per_node": AT_LEAST_1, "cpus_per_proc": POSITIVE,
+                                "ray_num_cpus": POSITIVE}
 
 
 @dataclass
@@ -276,6 +322,10 @@ class RunConfig(ClusterConfig):
     export_hf_dir: Optional[str] = None  # null: <default_local_dir>/hf
     export_lora_adapter_dir: Optional[str] = None  # with LoRA: also write the adapters as a peft folder here; null: don't
 
+    RANGES: ClassVar[Ranges] = {"total_epochs": AT_LEAST_1, "total_training_steps": AT_LEAST_1,
+                                "test_freq": EVERY_N_STEPS, "save_freq": EVERY_N_STEPS,
+                                "max_ckpt_to_keep": AT_LEAST_1, "max_consecutive_skipped_steps": Range(0, note="0: never abort")}
+
 
 @dataclass
 class TrainerConfig(RunConfig):
@@ -283,6 +333,8 @@ class TrainerConfig(RunConfig):
 
     placement: str = "colocated"  # colocated | split
     seed: int = 0
+
+    RANGES: ClassVar[Ranges] = {"seed": SEED}
 
 
 @dataclass
@@ -316,6 +368,9 @@ class SFTDataConfig:
     shuffle: bool = True
     seed: int = 0
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat template variables
+
+    RANGES: ClassVar[Ranges] = {"max_length": Range(2, note="a prompt token and a response token"),
+                                "train_batch_size": AT_LEAST_1, "val_batch_size": AT_LEAST_1, "seed": SEED}
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Hydra YAML is untyped, so every entry point merges the composed config into the
 structured schema. A misspelled key or a value of the wrong type then fails at
-start-up with the full key name. Sub-trees whose schema depends on a value (an
+start-up with the full key name, and so does a number outside the range its schema
+declares (``rlflow.config.ranges``). Sub-trees whose schema depends on a value (an
 engine's options depend on ``engine.name``) are validated by a resolver that
 returns the dataclass for that node.
 
@@ -19,11 +20,12 @@ import copy
 import dataclasses
 import types
 import typing
-from typing import Any, Callable, Union
+from typing import Any, Callable, Mapping, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlflow.config.ranges import range_errors
 from rlflow.errors import UserError
 
 SubSchemaResolver = Callable[[DictConfig], type]
@@ -82,6 +84,24 @@ def _merge_into_schema(schema: type, node: Any, prefix: str) -> DictConfig:
     return merged
 
 
+def check_nodes(cfg: Any, schema: type, prefix: str = "") -> None:
+    """Every key ``schema`` types as a dataclass is a mapping in the raw ``cfg``: not replaced by a value (``trainer=``
+    on the command line) and, at the top level, not deleted (``~actor``); else one ``ConfigError`` line naming it."""
+    hints = typing.get_type_hints(schema)
+    for field in dataclasses.fields(schema):
+        if not dataclasses.is_dataclass(hints[field.name]):
+            continue
+        key = f"{prefix}{field.name}"
+        value = cfg.get(field.name) if isinstance(cfg, Mapping) else None
+        if value is None and not prefix:
+            raise ConfigError(f"config key '{key}': missing (deleted on the command line?); every run needs it: "
+                              f"set the keys under it ({key}.NAME=VALUE) instead")
+        if value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"config key '{key}': holds keys ({key}.NAME=VALUE), not a value; got {value!r}")
+        if value is not None:
+            check_nodes(value, hints[field.name], f"{key}.")
+
+
 def validate_config(
     cfg: DictConfig | dict,
     schema: type,
@@ -95,14 +115,25 @@ def validate_config(
     """
     merged = _merge_into_schema(schema, cfg, "")
     OmegaConf.set_struct(merged, False)
+    node_schemas = {"": schema}
     for path, resolver in (sub_schemas or {}).items():
         node = OmegaConf.select(merged, path)
         if node is None:
             continue
         if not isinstance(node, DictConfig):
             raise ConfigError(f"config key '{path}': expected a mapping, got {node!r}")
-        typed = _merge_into_schema(resolver(node), node, path)
+        node_schemas[path] = resolver(node)
+        typed = _merge_into_schema(node_schemas[path], node, path)
         OmegaConf.update(merged, path, typed, merge=False)
     OmegaConf.resolve(merged)
     OmegaConf.set_struct(merged, True)
+    for path, node_schema in reversed(node_schemas.items()):  # engine nodes first: the root interpolates some of their keys
+        check_ranges(OmegaConf.select(merged, path) if path else merged, node_schema, f"{path}." if path else "")
     return merged
+
+
+def check_ranges(node: Any, schema: type, prefix: str = "") -> None:
+    """Raise the ``ConfigError`` of the first value of ``node`` (a DictConfig, dict or dataclass) outside the range
+    ``schema`` declares for it (``rlflow.config.ranges``); keys are named ``<prefix><field>``."""
+    for message in range_errors(node, schema, prefix):
+        raise ConfigError(message)

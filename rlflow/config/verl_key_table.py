@@ -279,6 +279,7 @@ RUN_ROWS: list[Row] = [
     ("trainer.external_lib", "trainer.external_lib", "merged into trainer.plugins"),
     *((None, f"trainer.timeouts.{key}", "seconds before a stuck phase stops the run")
       for key in ("init_s", "generate_s", "reward_s", "forward_backward_s", "sync_s", "save_s")),
+    (None, "trainer.timeouts.connect_s", "seconds to join a cluster and wait for its resources"),
     ("trainer.default_hdfs_dir", None, "checkpoints stay on the local (or mounted) filesystem"),
     ("trainer.checkpoint.save_contents", None, "a checkpoint always holds model, optimizer and extra state"),
 ]

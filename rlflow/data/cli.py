@@ -4,7 +4,9 @@
     rlflow-data gsm8k --src FILE_OR_FOLDER --out DIR [--split NAME]              GSM8K -> verl parquet
     rlflow-data math  --src FILE_OR_FOLDER --out DIR [--split NAME]              MATH  -> verl parquet
 
-Errors in the input print one ``error:`` line and exit with status 2.
+A file in DIR that rlflow-data did not write is never replaced; its own earlier output only with
+--overwrite (``rlflow.data.outputs``). Errors in the input print one ``error:`` line and exit with
+status 2, before any work.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 from pathlib import Path
 
 from rlflow.data.converters import CONVERTER_REGISTRY, SPLIT_WORDS, convert_sources
-from rlflow.data.tasks.cli import add_task_arguments
+from rlflow.data.tasks.cli import add_overwrite_argument, add_task_arguments
 from rlflow.errors import UserError
 
 
@@ -24,12 +26,13 @@ def _add_converter_arguments(parser: argparse.ArgumentParser, name: str) -> None
     parser.add_argument("--out", required=True, type=Path, help="output folder: one <split>.parquet per split")
     parser.add_argument("--split", default=None,
                         help=f"the split of every source file (default: read from the file names: {', '.join(SPLIT_WORDS)})")
+    add_overwrite_argument(parser)
     parser.set_defaults(run=lambda args: _convert(name, args))
 
 
 def _convert(name: str, args: argparse.Namespace) -> None:
     converter = CONVERTER_REGISTRY.get(name)()
-    written = convert_sources(converter, args.src, args.out, args.split)
+    written = convert_sources(converter, args.src, args.out, args.split, args.overwrite)
     print(f"{name}: data_source={converter.data_source}")
     for split, (path, count) in written.items():
         print(f"  {split}: {count} rows -> {path}")

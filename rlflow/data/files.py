@@ -4,10 +4,12 @@ Each file's rows are parsed one by one, so every error names the file and the ro
 inside it. A folder stands for the dataset files directly inside it (sorted by name, so the
 order is stable).
 
-Parquet is read with HF ``datasets``. JSON lines are read with the standard library:
+Parquet is read with HF ``datasets``, after ``pyarrow`` has read its footer (a damaged file is one
+line naming it; a file of zero rows is refused as such). JSON lines are read with the standard library:
 ``datasets``' json builder casts a column whose rows disagree in type to strings (and fails
 outright on a column missing from some rows), which would blame the wrong row for a bad
-value; the standard library keeps each row exactly as written.
+value; the standard library keeps each row exactly as written. Invalid UTF-8 names its byte offset,
+a cut-off or invalid JSON list its line and column (``rlflow.utils.text_files``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from rlflow.errors import DataError
 from rlflow.utils.registry import Registry
+from rlflow.utils.text_files import parse_json, read_text
 
 RowT = TypeVar("RowT")
 RowParser = Callable[[dict[str, Any], Path, int], RowT]
@@ -30,7 +33,14 @@ DATA_FORMAT_REGISTRY: Registry[Callable[[Path], list[dict[str, Any]]]] = Registr
 @DATA_FORMAT_REGISTRY.register(".parquet")
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
     import datasets
+    import pyarrow.parquet as pq
 
+    try:
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except Exception as error:  # noqa: BLE001 - any footer or format error becomes a DataError naming the file
+        raise DataError(f"data file {path}: cannot be read as parquet ({type(error).__name__}: {error})") from None
+    if rows == 0:
+        raise DataError(f"data file {path}: holds no rows (a parquet file with 0 rows); remove it from the data files")
     datasets.disable_progress_bars()
     try:
         table = datasets.load_dataset("parquet", data_files=str(path), split="train", keep_in_memory=True)
@@ -42,9 +52,9 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
 @DATA_FORMAT_REGISTRY.register(".jsonl", ".json")
 def _read_json_lines(path: Path) -> list[dict[str, Any]]:
     """Rows of a json-lines file (or of a ``.json`` file holding one list of objects, or one object)."""
-    text = path.read_text()
+    text = read_text(path, DataError, "data file")
     if path.suffix == ".json" and text.lstrip().startswith("["):
-        rows = json.loads(text)
+        rows = parse_json(text, path, DataError, "data file")
     elif path.suffix == ".json" and (single := _one_json_object(text)) is not None:
         rows = [single]
     else:

@@ -18,11 +18,12 @@ is not part of this config: it comes from the role that builds the engine
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, TypeVar
+from typing import Any, ClassVar, Mapping, Optional, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlflow.config.ranges import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, SEED, Range, Ranges, range_errors
 from rlflow.errors import UserError
 
 __all__ = [
@@ -57,6 +58,9 @@ class OptimizerConfig:
     grad_clip: float = 1.0  # max global grad norm; <= 0 measures the norm without clipping
     implementation: str = "foreach"  # foreach | fused | for-loop: torch.optim.AdamW's kernels (docs/engines.md)
 
+    RANGES: ClassVar[Ranges] = {"lr": NON_NEGATIVE, "betas": Range(0, 1, high_open=True), "eps": NON_NEGATIVE,
+                                "weight_decay": NON_NEGATIVE, "grad_clip": Range(note="<= 0: measure without clipping")}
+
 
 @dataclass(frozen=True)
 class StepHyperparams:
@@ -79,6 +83,9 @@ class LRSchedulerConfig:
     min_lr_ratio: float = 0.0  # decay floor as a fraction of lr
     total_steps: int = 0  # optimizer steps in the run; linear/cosine decay needs it > warmup_steps
 
+    RANGES: ClassVar[Ranges] = {"warmup_steps": NON_NEGATIVE, "min_lr_ratio": FRACTION,
+                                "total_steps": Range(0, note="0: the run's length")}
+
 
 LORA_PARTS = ("attention", "mlp", "unembedding")
 
@@ -99,6 +106,9 @@ class LoRAConfig:
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     parts: list[str] = field(default_factory=lambda: ["attention", "mlp"])  # which parts all-linear covers
     adapter_path: Optional[str] = None  # a peft adapter folder to start from
+
+    RANGES: ClassVar[Ranges] = {"rank": Range(0, note="0: no adapters"), "alpha": POSITIVE,
+                                "dropout": Range(0, 1, high_open=True)}
 
     @property
     def enabled(self) -> bool:
@@ -131,22 +141,17 @@ class EngineConfig:
     trust_remote_code: bool = False  # let the HF load run modeling code shipped in the folder (YAML: model.trust_remote_code)
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank > 0: train low-rank adapters only (docs/lora.md)
 
+    # Numeric keys (rlflow.config.ranges); a subclass declares its own fields' ranges in its own RANGES.
+    RANGES: ClassVar[Ranges] = {"micro_batch_size": AT_LEAST_1, "max_token_len_per_micro_batch": AT_LEAST_1,
+                                "forward_micro_batch_size": AT_LEAST_1,
+                                "forward_max_token_len_per_micro_batch": AT_LEAST_1, "seed": SEED}
+
     def range_checks(self) -> dict[str, bool]:
-        """``{dotted key: value is in range}``; a subclass adds its own keys to ``super().range_checks()``."""
+        """``{dotted key: value is legal}`` for what ``RANGES`` cannot say (lengths, names); a subclass adds its own
+        keys to ``super().range_checks()``."""
         return {
-            "micro_batch_size": self.micro_batch_size >= 1,
-            "max_token_len_per_micro_batch": self.max_token_len_per_micro_batch >= 1,
-            "forward_micro_batch_size": self.forward_micro_batch_size is None or self.forward_micro_batch_size >= 1,
-            "forward_max_token_len_per_micro_batch": (self.forward_max_token_len_per_micro_batch is None
-                                                      or self.forward_max_token_len_per_micro_batch >= 1),
-            "optimizer.lr": self.optimizer.lr >= 0,
             "optimizer.betas": len(self.optimizer.betas) == 2,
             "optimizer.implementation": self.optimizer.implementation in ADAMW_IMPLEMENTATIONS,
-            "lr_scheduler.warmup_steps": self.lr_scheduler.warmup_steps >= 0,
-            "lr_scheduler.min_lr_ratio": 0.0 <= self.lr_scheduler.min_lr_ratio <= 1.0,
-            "lora.rank": self.lora.rank >= 0,
-            "lora.alpha": self.lora.alpha > 0,
-            "lora.dropout": 0.0 <= self.lora.dropout < 1.0,
             "lora.target_modules": len(self.lora.target_modules) > 0,
             "lora.parts": bool(self.lora.parts),
         }
@@ -176,8 +181,7 @@ class HFModuleEngineConfig(EngineConfig):
     wrap_layer_classes: list[str] = field(default_factory=list)  # decoder-layer classes; empty: _no_split_modules
     share_prefix: bool = False  # run a prefix several rows share (a GRPO group's prompt) once (prefix_sharing.py)
 
-    def range_checks(self) -> dict[str, bool]:
-        return {**super().range_checks(), "logprob_chunk_size": self.logprob_chunk_size >= 1}
+    RANGES: ClassVar[Ranges] = {"logprob_chunk_size": AT_LEAST_1}
 
     def combination_errors(self) -> list[str]:
         errors = super().combination_errors()
@@ -207,6 +211,8 @@ def config_from_mapping(config_class: type[ConfigT], values: Mapping[str, Any] |
 
 
 def _check_values(config: EngineConfig) -> None:
+    for message in range_errors(config, type(config)):
+        raise EngineConfigError(f"engine {message} ({type(config).__name__})")
     bad = [key for key, ok in config.range_checks().items() if not ok]
     if bad:
         detail = ", ".join(f"{key}={_lookup(config, key)!r}" for key in bad)

@@ -18,12 +18,13 @@ its flat parameters change size under the compiled code.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from rlflow.config.ranges import Range, Ranges
 from rlflow.engines.common.forward.models import ForwardModule, decoder_layer_classes
 from rlflow.engines.common.fsdp.fully_shard import FullyShardEngine
 from rlflow.engines.common.fsdp.layer_compile import compile_layer_forward
@@ -43,6 +44,8 @@ class FSDP2EngineConfig(HFModuleEngineConfig):
     hybrid_replicate_size: int = 1  # >1: HSDP, world = replicate x shard; shards replicate across groups
     defer_grad_reduce: bool = True  # reduce-scatter gradients once per mini-batch, not per micro-batch
     compile: bool = False  # torch.compile each decoder layer's forward (inductor)
+
+    RANGES: ClassVar[Ranges] = {"hybrid_replicate_size": Range(1, note="1: plain FSDP")}
 
 
 @ENGINE_REGISTRY.register("fsdp2")

@@ -9,6 +9,11 @@ Two ways to name the model, and only the first ever writes anything:
   path fails at start-up instead of training a freshly built random model. If ``DIR`` holds an
   rlflow preset and ``model.preset`` is set, it must be that preset. ``model=hf`` sets no preset
   and needs ``model.path``.
+
+Either way the folder is checked before any worker loads it: ``config.json`` and the tokenizer
+files parse, and the safetensors weights are whole and fit the config (``weights_check``); a
+failure is one line naming the key (``model.path``, or ``model.tokenizer_path`` for the tokenizer
+folder when it is set) and the file.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from rlflow.errors import UserError
-from rlflow.models.hf_checkpoint import require_model_folder, require_tokenizer_folder
+from rlflow.models.hf_checkpoint import ModelFileError, require_model_folder, require_tokenizer_folder
 from rlflow.models.presets import PRESET_MARKER, build_preset
+from rlflow.models.weights_check import check_safetensors_files, check_weights_fit_config
 
 # Where the drivers build presets (relative to the working directory, like every default output folder).
 PRESET_ROOT = Path("outputs/models")
@@ -68,15 +74,23 @@ def ensure_model(model_config: Any, tokenizer_corpus: Iterable[str]) -> Path:
             raise ModelFolderError(f"model.preset={model_config.preset!r}: {error}") from None
     try:
         require_model_folder(path)
-        require_tokenizer_folder(model_config.tokenizer_path or path)
-    except FileNotFoundError as error:
+        shapes = check_safetensors_files(path)
+        check_weights_fit_config(path, shapes, bool(model_config.trust_remote_code))
+    except (FileNotFoundError, ModelFileError) as error:
         raise ModelFolderError(f"model.path: {error}") from None
+    tokenizer_key = "model.tokenizer_path" if model_config.tokenizer_path else "model.path"
+    try:
+        require_tokenizer_folder(model_config.tokenizer_path or path)
+    except (FileNotFoundError, ModelFileError) as error:
+        raise ModelFolderError(f"{tokenizer_key}: {error}") from None
     return path
 
 
 def check_model_folder(key: str, path: str | Path) -> Path:
     """``path``, the value of config key ``key``, as a checked HF model folder; ``ModelFolderError`` names the key."""
     try:
-        return require_model_folder(path)
-    except FileNotFoundError as error:
+        folder = require_model_folder(path)
+        check_safetensors_files(folder)
+    except (FileNotFoundError, ModelFileError) as error:
         raise ModelFolderError(f"{key}: {error}") from None
+    return folder

@@ -1,7 +1,8 @@
 """Checks and loaders for local Hugging Face checkpoint folders (never the hub).
 
 Every loader here passes ``local_files_only=True`` and first checks the folder itself, so a
-wrong path fails with a message that names the missing folder or file instead of a hub lookup.
+wrong path fails with a message that names the missing folder or file instead of a hub lookup, and
+a damaged ``config.json`` or tokenizer file with one naming the file and the offset.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any, Iterator
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from rlflow.errors import UserError
 from rlflow.utils.registry import unknown_name_message
+from rlflow.utils.text_files import read_json
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -26,6 +29,11 @@ DTYPES: dict[str, torch.dtype] = {
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+_JSON_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.json")
+
+
+class ModelFileError(UserError, ValueError):
+    """A file of a model or tokenizer folder is damaged or cannot be loaded; the message names it."""
 
 
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -54,6 +62,8 @@ def require_model_folder(path: str | Path) -> Path:
     folder = require_folder(path, "model")
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"model folder {str(folder)!r} has no config.json")
+    if not isinstance(read_json(folder / "config.json", ModelFileError), dict):
+        raise ModelFileError(f"{folder / 'config.json'}: holds no JSON object")
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise FileNotFoundError(f"model folder {str(folder)!r} has no weights (expected one of {list(WEIGHT_FILES)})")
     return folder
@@ -67,6 +77,9 @@ def require_tokenizer_folder(path: str | Path) -> Path:
             f"tokenizer folder {str(folder)!r} has no tokenizer files (expected tokenizer_config.json and one of "
             f"{list(TOKENIZER_FILES)})"
         )
+    for name in _JSON_TOKENIZER_FILES:
+        if (folder / name).is_file():
+            read_json(folder / name, ModelFileError)
     return folder
 
 
@@ -91,7 +104,12 @@ def load_pretrained(
             **kwargs,
         )
     except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"could not load a model from {str(folder)!r} with {auto_cls.__name__}: {err}") from err
+        raise ModelFileError(f"could not load a model from {str(folder)!r} with {auto_cls.__name__}: {error_summary(err)}") from err
+
+
+def error_summary(error: BaseException) -> str:
+    """The first line of a loader's exception message (or its type's name): what a one-line error quotes."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def safetensors_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:

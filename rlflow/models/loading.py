@@ -21,6 +21,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from rlflow.models.hf_checkpoint import (
     DTYPES,
+    ModelFileError,
+    error_summary,
     load_causal_lm,
     require_model_folder,
     require_tokenizer_folder,
@@ -43,8 +45,8 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False, **kwargs: 
     folder = require_tokenizer_folder(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code, **kwargs)
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"could not load a tokenizer from {str(folder)!r}: {err}") from err
+    except Exception as err:  # noqa: BLE001 - tokenizers' Rust parser raises its own exception types
+        raise ModelFileError(f"could not load a tokenizer from {str(folder)!r}: {type(err).__name__}: {error_summary(err)}") from err
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(f"tokenizer in {str(folder)!r} has neither a pad nor an eos token; add one of them")

@@ -35,6 +35,7 @@ from rlflow.models.loading import load_tokenizer
 from rlflow.protocol import DataProto
 from rlflow.rewards import RewardInput, get_reward_fn, score_one
 from rlflow.rollout import build_rollout, rollout_names
+from rlflow.utils.output_paths import check_output_file
 
 AUTO_BACKEND = "auto"
 BACKEND_PACKAGES = {"vllm": "vllm"}  # backend -> the package it imports; the others need only rlflow's own
@@ -135,7 +136,8 @@ def evaluate_greedy_accuracy(
 
 
 def write_responses(path: str | Path, result: dict[str, Any]) -> None:
-    """One JSON line per prompt, in file order: ``{"index", "response"}``."""
+    """One JSON line per prompt, in file order: ``{"index", "response"}`` (the file's folder is created if missing)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as out:
         for index, response in enumerate(result["responses"]):
             out.write(json.dumps({"index": index, "response": response}) + "\n")
@@ -156,6 +158,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="also write every response to this JSONL file")
     args = parser.parse_args(argv)
     try:
+        if args.responses:  # checked before anything is generated, so no result is lost at the end
+            check_output_file(args.responses, "--responses")
         result = evaluate_greedy_accuracy(args.model, args.data, args.max_new_tokens, args.batch_size, args.limit,
                                           device=args.device, backend=args.backend)
     except (UserError, FileNotFoundError, ValueError) as error:

@@ -14,8 +14,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from rlflow.errors import UserError
 from rlflow.rewards.custom import load_custom_function
-from rlflow.rewards.registry import RewardFn
+from rlflow.rewards.registry import RewardFn, describe_function
 
 
 @dataclass(frozen=True)
@@ -67,11 +68,15 @@ def to_result(value: Any, error_score: float) -> ScoreResult:
 
 
 def score_one(fn: RewardFn, sample: RewardInput, error_score: float) -> ScoreResult:
-    """``fn`` applied to one sample under the error policy."""
+    """``fn`` applied to one sample under the error policy; a ``SystemExit``, ``KeyboardInterrupt`` or other
+    ``BaseException`` from it is no score but a ``UserError`` naming the function and its file, which ends the run."""
     try:
         value = fn(sample.data_source, sample.solution_str, sample.ground_truth, sample.extra_info)
     except Exception as error:  # noqa: BLE001 - any failure of a reward function scores error_score
         return ScoreResult(error_score, error=f"raised {type(error).__name__}: {error}")
+    except BaseException as error:  # noqa: BLE001 - sys.exit() in a reward function must not end the run with its status
+        raise UserError(f"reward function {describe_function(fn)} raised {type(error).__name__}({error}) while scoring "
+                        f"a sample of data_source {sample.data_source!r}; a reward function must return a score") from None
     return to_result(value, error_score)
 
 

@@ -78,6 +78,17 @@ def _check(s: Sampling) -> None:
         raise ConfigError(f"stop strings must be non-empty strings, got {list(s.stop)}")
 
 
+def check_rollout_sampling(config: Any) -> None:
+    """Resolve the training (``rollout``) and validation (``rollout.val_kwargs``) sampling of a validated config, as
+    the rollout workers will, so what they would refuse is one ``ConfigError`` naming the node before Ray starts."""
+    rollout = config.rollout
+    for key, source in (("rollout", rollout), ("rollout.val_kwargs", rollout.val_kwargs)):
+        try:
+            resolve_sampling(source, rollout.response_length)
+        except ConfigError as error:
+            raise ConfigError(f"config key '{key}': {error}") from None
+
+
 def check_logprobs_mode(mode: str) -> str:
     """``mode`` if it is a supported ``rollout.logprobs_mode``; else a ConfigError listing them."""
     if mode not in LOGPROBS_MODES:

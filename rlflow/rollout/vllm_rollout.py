@@ -37,6 +37,7 @@ from rlflow.rollout import vllm_cpu_compat
 from rlflow.rollout.base import ROLLOUT_REGISTRY, BaseRollout, SeedKey
 from rlflow.rollout.kv_cache import kv_cache_bytes, vllm_start_budget
 from rlflow.rollout.sampling import Sampling, request_seed
+from rlflow.rollout.vllm_log_filters import drop_expected_vllm_warnings
 from rlflow.rollout.lora_adapter import LocalAdapter, syncs_adapters
 from rlflow.rollout.weight_sync import CheckedWeightStream, NamedTensors, iter_buckets
 
@@ -79,6 +80,7 @@ class VLLMRollout(BaseRollout):
         self._asleep = False
         self._host_owns_group = dist.is_available() and dist.is_initialized()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        drop_expected_vllm_warnings()
         from vllm import LLM
 
         with vllm_cpu_compat.keep_thread_control() if self._on_cpu else nullcontext():

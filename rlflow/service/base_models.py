@@ -29,7 +29,7 @@ from rlflow.service.batches import Datum, per_datum_logprobs
 from rlflow.service.catalogue import BaseModel, LoraShape
 from rlflow.service.scheduler import HostScheduler
 from rlflow.service.model_worker import BaseModelWorker
-from rlflow.config.loading.timeouts import group_timeouts
+from rlflow.config.loading.timeouts import group_timeouts, resource_wait_s
 from rlflow.utils.logging import get_logger
 from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
 
@@ -87,7 +87,8 @@ class BaseModelHost:
         service = self.config.service
         trainer = self.config.trainer
         pool = ResourcePool(procs_per_node=trainer.n_procs_per_node, nnodes=trainer.nnodes,
-                            cpus_per_proc=trainer.cpus_per_proc, device=trainer.device, name=f"service-{self.label}")
+                            cpus_per_proc=trainer.cpus_per_proc, device=trainer.device,
+                            resource_wait_s=resource_wait_s(trainer), name=f"service-{self.label}")
         engine = OmegaConf.to_container(self.config.engine, resolve=True)
         engine["lora"] = {**engine.get("lora", {}), "rank": self.shape.rank, "parts": list(self.shape.parts),
                           "alpha": float(service.lora_alpha), "target_modules": ["all-linear"]}

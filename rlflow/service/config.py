@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from omegaconf import DictConfig
 
@@ -21,13 +21,16 @@ from rlflow.config.loading.choices import Choice, mounted_engine_choices, rollou
 from rlflow.config.loading.dtype_guard import ppo_dtype_keys
 from rlflow.config.loading.entry_point import EntryPoint
 from rlflow.config.loading.rollout_memory import check_rollout_memory
+from rlflow.config.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, Ranges
 from rlflow.config.schema import ClusterConfig, RolloutConfig
 from rlflow.engines.base import Capability
 from rlflow.engines.registry import ENGINE_REGISTRY, engines_with
 from rlflow.errors import UserError
+from rlflow.rollout.sampling import check_rollout_sampling
 from rlflow.service.catalogue import BaseModel, load_base_models
 from rlflow.utils.device import DEVICES
-from rlflow.utils.folders import folder_write_problem
+from rlflow.utils.output_paths import folder_write_problem
+from rlflow.workers.ray_connect import check_cluster_reachable
 
 ENGINE_MOUNTS = ("engine",)
 API_KEY_PREFIX = "tml-"  # the SDK refuses any other key before it sends a request
@@ -51,6 +54,13 @@ class ServiceSection:
     poll_wait_s: float = 25.0
     keep_result_s: float = 300.0
     expire_result_s: float = 3600.0
+
+    RANGES: ClassVar[Ranges] = {
+        "port": Range(1, 65535), "max_seq_len": Range(2, note="a prompt token and a response token"),
+        "max_hosts": AT_LEAST_1, "lora_alpha": POSITIVE, "seq_gap_wait_s": NON_NEGATIVE, "gradient_hold_s": NON_NEGATIVE,
+        "max_sample_batch": Range(1, note="1: each sampling request alone"), "poll_wait_s": NON_NEGATIVE,
+        "keep_result_s": NON_NEGATIVE, "expire_result_s": NON_NEGATIVE,
+    }
 
 
 @dataclass
@@ -78,11 +88,6 @@ def _check_service(config: DictConfig) -> None:
                           f"sends no other), got {len(bad)} that do not")
     if not service.models:
         raise ConfigError("config key 'service.models': name at least one base model, e.g. service.models.tiny=/path/to/hf")
-    if service.max_hosts < 1 or service.max_seq_len < 2:
-        raise ConfigError("config keys 'service.max_hosts' and 'service.max_seq_len' must be >= 1 and >= 2")
-    if service.max_sample_batch < 1:
-        raise ConfigError(f"config key 'service.max_sample_batch' must be >= 1 (1: each sampling request alone), "
-                          f"got {service.max_sample_batch}")
     if not config.rollout.calculate_log_probs:
         raise ConfigError("config key 'rollout.calculate_log_probs': the service's samples carry each token's log-prob "
                           "(Tinker's SampleResponse); leave it true")
@@ -121,6 +126,10 @@ def _preflight(config: DictConfig) -> None:
         raise ConfigError(f"config key 'service.checkpoint_dir': {config.service.checkpoint_dir} cannot be written: {problem}")
 
 
+def _check_cluster(config: DictConfig) -> None:
+    check_cluster_reachable(config.trainer)
+
+
 SERVICE_ENTRY = EntryPoint(
     config_name="service",
     schema=ServiceAppConfig,
@@ -129,7 +138,8 @@ SERVICE_ENTRY = EntryPoint(
     engine_mounts=ENGINE_MOUNTS,
     group_shorthands={"engine": "engine"},  # engine=fsdp picks rlflow/configs/engine/fsdp.yaml
     free_form_mappings=("service.models",),  # service.models.NAME=/folder adds a base model
-    checks=(_check_service, check_rollout_memory),
+    checks=(_check_service, check_rollout_memory, check_rollout_sampling),
+    machine_checks=(_check_cluster,),
     preflight=_preflight,
 )
 

@@ -17,7 +17,8 @@ from rlflow.service.catalogue import BaseModel
 from rlflow.service.config import SERVICE_ENTRY, check_service_inputs
 from rlflow.service.service import TinkerService
 from rlflow.utils.logging import get_logger
-from rlflow.workers import init_ray, shutdown_ray
+from rlflow.utils.output_paths import check_output_folder
+from rlflow.workers import init_cluster, shutdown_ray
 
 logger = get_logger(__name__)
 
@@ -26,7 +27,7 @@ def prepare(config: DictConfig) -> tuple[dict[str, BaseModel], Path]:
     """Everything checked before Ray starts, for a validated config: the base models (folders and tokenizers),
     the port; then the checkpoint folder is created. Returns the base models and that folder."""
     catalogue = check_service_inputs(config)
-    work_dir = Path(config.service.checkpoint_dir).resolve()
+    work_dir = check_output_folder(config.service.checkpoint_dir, "config key 'service.checkpoint_dir':").resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     return catalogue, work_dir
 
@@ -36,8 +37,7 @@ def serve(config: DictConfig) -> None:
     service_config = config.service
     catalogue, work_dir = prepare(config)
     trainer = config.trainer
-    init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir,
-             node_ip_address=trainer.ray_node_ip_address)
+    init_cluster(config.trainer)
     service = TinkerService(config, catalogue, work_dir)
     try:
         logger.info("rlflow service: serving %s at http://%s:%d", sorted(catalogue), service_config.host, service_config.port)

@@ -1,8 +1,8 @@
 """The drivers' two entry points, ``main_ppo`` and ``main_sft``, as config loading sees them.
 
 Each ``EntryPoint`` (``rlflow.config.loading``) names its YAML, schema, engine mounts and the
-choice keys it checks before Ray starts, and its ``preflight`` (what ``--validate`` runs after them,
-``preflight.py``); the driver-level tables (``trainer.placement``,
+choice keys it checks before Ray starts, the machine checks ``run`` adds (the cluster answers and has room),
+and its ``preflight`` (what ``--validate`` runs after them, ``preflight.py``); the driver-level tables (``trainer.placement``,
 ``trainer.launcher``) are this package's registries, handed down here so that config loading
 imports no driver.
 """
@@ -27,10 +27,15 @@ from rlflow.config.loading.dtype_guard import ppo_dtype_keys, sft_dtype_keys
 from rlflow.config.loading.entry_point import EntryPoint
 from rlflow.config.loading.rollout_memory import check_rollout_memory
 from rlflow.config.schema import PPOConfig, SFTConfig
+from rlflow.rewards.custom import check_custom_function
 from rlflow.rollout import ROLLOUT_REGISTRY
-from rlflow.trainer.placement import PLACEMENT_REGISTRY
+from rlflow.rollout.sampling import check_rollout_sampling
+from rlflow.trainer.cluster_checks import check_local_cluster_fits
+from rlflow.trainer.placement import PLACEMENT_REGISTRY, processes_per_node
 from rlflow.trainer.preflight import preflight_ppo, preflight_sft
+from rlflow.trainer.run_intent import check_run_intent
 from rlflow.trainer.sft_launchers import LAUNCHER_REGISTRY
+from rlflow.workers.ray_connect import check_cluster_reachable
 
 # Where the `engine` group is mounted in each entry point's config.
 PPO_ENGINE_MOUNTS = ("actor.engine", "critic.engine", "ref.engine", "reward.reward_model.engine")
@@ -47,6 +52,18 @@ def _check_lora_sync(config: DictConfig) -> None:
     if not ROLLOUT_REGISTRY.get(config.rollout.name).takes_lora_adapters:
         raise ConfigError(f"config key 'rollout.lora_sync': the {config.rollout.name} rollout takes merged weights only; "
                           "set rollout.lora_sync=merged or rollout=vllm")
+
+
+def _check_ppo_cluster(config: DictConfig) -> None:
+    check_cluster_reachable(config.trainer)
+    check_local_cluster_fits(config, processes_per_node)
+
+
+def _check_sft_cluster(config: DictConfig) -> None:
+    """Only ``trainer.launcher=ray`` runs a Ray cluster (torchrun's ranks are the processes)."""
+    if config.trainer.launcher == "ray":
+        check_cluster_reachable(config.trainer)
+        check_local_cluster_fits(config, lambda sft_config: sft_config.trainer.n_procs_per_node)
 
 
 def _ppo_choices() -> list[Choice]:
@@ -67,7 +84,9 @@ PPO_ENTRY = EntryPoint(
     engine_mounts=PPO_ENGINE_MOUNTS,
     policy_mounts=("actor.engine",),
     group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
-    checks=(_check_lora_sync, check_rollout_memory, check_rollout_correction),
+    checks=(_check_lora_sync, check_rollout_memory, check_rollout_sampling, check_rollout_correction, check_custom_function,
+            check_run_intent),
+    machine_checks=(_check_ppo_cluster,),
     preflight=preflight_ppo,
 )
 
@@ -79,6 +98,8 @@ SFT_ENTRY = EntryPoint(
     engine_mounts=SFT_ENGINE_MOUNTS,
     policy_mounts=("engine",),
     group_shorthands={"engine": "engine", "data": "sft_data"},  # data=synthetic: rlflow/configs/sft_data/synthetic.yaml
+    checks=(check_run_intent,),
+    machine_checks=(_check_sft_cluster,),
     preflight=preflight_sft,
 )
 

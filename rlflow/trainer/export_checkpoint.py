@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlflow.engines import BaseEngine, ENGINE_REGISTRY
 from rlflow.engines.common.checkpoint.checkpoint_reader import read_model_weights
-from rlflow.engines.common.checkpoint.checkpointing import HF_CONFIG_DIR, META_FILE, read_meta, resolve_checkpoint_dir
+from rlflow.engines.common.checkpoint.checkpointing import HF_CONFIG_DIR, META_FILE, resolve_checkpoint_dir
 from rlflow.engines.common.checkpoint.hf_export import EXPORT_MARKER, write_hf_folder, write_peft_adapter_folder
 from rlflow.engines.common.checkpoint.lora_export import adapter_tensors
 from rlflow.engines.common.forward.lora import ADAPTER_CONFIG_FILE
@@ -37,6 +37,8 @@ from rlflow.engines.common.forward.models import MODEL_KIND_REGISTRY
 from rlflow.errors import CheckpointError, UserError
 from rlflow.trainer.checkpoint import DRIVER_STATE, CheckpointManager
 from rlflow.trainer.checkpoint_manifest import manifest_problem
+from rlflow.utils.output_paths import check_output_folder
+from rlflow.utils.text_files import read_json
 
 __all__ = ["export_checkpoint", "main"]
 
@@ -114,25 +116,25 @@ def _engine_class(name: Optional[str]) -> type[BaseEngine]:
 
 
 def _check_out(out: Path) -> None:
-    if out.is_file():
-        raise ExportError(f"OUT {out} is a file; name a folder for the HF export")
+    check_output_folder(out, "OUT", ExportError)
     if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_MARKER).is_file():
         raise ExportError(f"OUT {out} holds files rlflow did not export (no {EXPORT_MARKER}); name an empty or new folder")
 
 
 def export_checkpoint(checkpoint: Path, out: Path, role: Optional[str] = None, model_path: Optional[Path] = None) -> Path:
     """Write the HF folder ``out`` from ``checkpoint`` (see the module doc); returns the engine folder read."""
+    _check_out(out)  # before any checkpoint file is read
     folder = _engine_folder(checkpoint, role)
-    meta = read_meta(folder)
+    meta = read_json(folder / META_FILE, CheckpointError, "checkpoint file")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint file {folder / META_FILE}: holds no JSON object; the checkpoint is damaged")
     model_kind = meta.get("model_kind")
     if model_kind not in MODEL_KIND_REGISTRY:
         raise CheckpointError(f"checkpoint {folder}: model kind {model_kind!r} is not one of {MODEL_KIND_REGISTRY.names()}")
     if (folder / ADAPTER_CONFIG_FILE).is_file():  # a LoRA checkpoint: the adapters alone, as a peft folder
-        _check_out(out)
         write_peft_adapter_folder(out, adapter_tensors(read_model_weights(folder)), (folder / ADAPTER_CONFIG_FILE).read_text())
         return folder
     source = _model_files(folder, model_path)
-    _check_out(out)
     tied = _tied_copies(source)
     hf_tensors = _engine_class(meta.get("engine")).checkpoint_hf_tensors(read_model_weights(folder), source)
     weights = [(name, tensor) for name, tensor in hf_tensors if name not in tied]

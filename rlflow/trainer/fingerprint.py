@@ -25,6 +25,8 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.data.files import resolve_files
+from rlflow.errors import CheckpointError
+from rlflow.utils.text_files import read_json
 
 FINGERPRINT_FILE = "fingerprint.json"
 DATA_CONTENT_KEY = "data.train_files (content)"
@@ -122,4 +124,4 @@ def write_fingerprint(folder: Path, fingerprint: dict[str, Any]) -> Path:
 def read_fingerprint(folder: Path) -> dict[str, Any] | None:
     """The fingerprint a checkpoint was written with (None for a checkpoint older than fingerprints)."""
     path = folder / FINGERPRINT_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path, CheckpointError, "checkpoint file") if path.is_file() else None

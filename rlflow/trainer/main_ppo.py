@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from rlflow.trainer.entry_points import PPO_ENTRY
 from rlflow.trainer.ppo_trainer import run_ppo
+from rlflow.trainer.run_folder import route_worker_logs
 
 
 def main() -> None:
-    PPO_ENTRY.run(run_ppo)
+    PPO_ENTRY.run(lambda config: run_ppo(route_worker_logs(config)))
 
 
 if __name__ == "__main__":

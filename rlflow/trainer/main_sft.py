@@ -12,6 +12,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from rlflow.trainer.entry_points import SFT_ENTRY
+from rlflow.trainer.run_folder import route_worker_logs
 from rlflow.trainer.sft_launchers import LAUNCHER_REGISTRY, History
 
 
@@ -21,12 +22,12 @@ def launch(config: DictConfig) -> History:
 
 
 def run_sft(config: DictConfig) -> History:
-    """Validate a composed ``sft_trainer`` config (the launcher among them), then ``launch`` it."""
-    return launch(SFT_ENTRY.load(config))
+    """Validate a composed ``sft_trainer`` config (the launcher among them) and the machine it runs on, then ``launch`` it."""
+    return launch(SFT_ENTRY.check_machine(SFT_ENTRY.load(config)))
 
 
 def main() -> None:
-    SFT_ENTRY.run(launch)
+    SFT_ENTRY.run(lambda config: launch(route_worker_logs(config)))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from rlflow.roles.rollout_worker import RolloutWorker
 from rlflow.rollout import syncs_adapters
 from rlflow.config import ConfigError
 from rlflow.config.loading.engine_checks import check_engine_fits
-from rlflow.config.loading.timeouts import group_timeouts
+from rlflow.config.loading.timeouts import group_timeouts, resource_wait_s
 from rlflow.utils.registry import Registry
 from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
 
@@ -74,8 +74,16 @@ def _pool(trainer_config: Any, name: str, procs_per_node: int) -> ResourcePool:
         nnodes=trainer_config.nnodes,
         cpus_per_proc=trainer_config.cpus_per_proc,
         device=trainer_config.device,
+        resource_wait_s=resource_wait_s(trainer_config),
         name=name,
     )
+
+
+def processes_per_node(config: Any) -> int:
+    """Worker processes per node every run of ``trainer.placement`` starts: colocated, one per rank; split, the actor's
+    and the rollout's pools (the reference, critic and reward-model pools come on top when the run uses them)."""
+    procs = config.trainer.n_procs_per_node
+    return procs if config.trainer.placement == "colocated" else procs + (config.rollout.num_replicas or procs)
 
 
 def place_roles(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:

@@ -31,7 +31,7 @@ from rlflow.trainer.placement import check_role_engines, check_role_model_folder
 from rlflow.trainer.response_scoring import ResponseScorer
 from rlflow.utils.logging import get_logger
 from rlflow.utils.seed import set_seed
-from rlflow.workers import init_ray
+from rlflow.workers import init_cluster
 
 __all__ = ["PPOSetup", "prepare_run", "start_roles"]
 
@@ -117,8 +117,6 @@ def fill_derived_config(config: DictConfig, total_steps: int) -> None:
 def start_roles(setup: PPOSetup) -> PhaseContext:
     """Start Ray and the worker groups ``trainer.placement`` asks for; the context the steps run with."""
     config, plan = setup.config, setup.plan
-    trainer = config.trainer
-    init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir,
-             node_ip_address=trainer.ray_node_ip_address)
+    init_cluster(config.trainer)
     roles = place_roles(config, setup.model_path, plan.use_ref, plan.use_critic)
     return PhaseContext(config, plan, roles, setup.reward_manager, setup.scorer, setup.guard, setup.kl_ctrl)

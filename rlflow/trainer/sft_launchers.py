@@ -16,7 +16,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from rlflow.config import ConfigError
-from rlflow.config.loading.timeouts import group_timeouts
+from rlflow.config.loading.timeouts import group_timeouts, resource_wait_s
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.errors import UserError
 from rlflow.models.ensure import ensure_model, model_folder
@@ -25,7 +25,7 @@ from rlflow.roles.sft_worker import SFTWorker
 from rlflow.trainer.run_folder import RunLock, open_run_folder
 from rlflow.trainer.sft_trainer import SFTRun, SFTTrainer, prepare_sft_run
 from rlflow.utils.registry import Registry
-from rlflow.workers import RayWorkerGroup, ResourcePool, WorkerSpec, init_ray, shutdown_ray
+from rlflow.workers import RayWorkerGroup, ResourcePool, WorkerSpec, init_cluster, shutdown_ray
 from rlflow.workers.local_group import LocalWorkerGroup
 from rlflow.workers.worker import ENV_DEVICE, WorkerContext, setup_worker_process
 
@@ -54,8 +54,7 @@ def launch_ray(config: DictConfig) -> History:
     model_path = ensure_model(config.model, tokenizer_corpus())
     run = prepare_sft_run(config, model_path, trainer.nnodes * trainer.n_procs_per_node)
     lock = open_run_folder(config)  # before Ray starts
-    init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir,
-             node_ip_address=trainer.ray_node_ip_address)
+    init_cluster(trainer)
     group = None
     try:
         pool = ResourcePool(
@@ -63,6 +62,7 @@ def launch_ray(config: DictConfig) -> History:
             nnodes=trainer.nnodes,
             cpus_per_proc=trainer.cpus_per_proc,
             device=trainer.device,
+            resource_wait_s=resource_wait_s(trainer),
             name="sft",
         )
         group = RayWorkerGroup(pool, WorkerSpec(SFTWorker, run.engine_config, str(model_path)), name="sft",

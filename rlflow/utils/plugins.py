@@ -80,7 +80,7 @@ def import_plugin(spec: str) -> str:
             load_module_file(Path(spec))
         else:
             importlib.import_module(spec)
-    except Exception as error:  # noqa: BLE001 - whatever the user's module raises, name the plugin and the cause
+    except BaseException as error:  # noqa: BLE001 - whatever the user's module raises (sys.exit too): name the plugin
         cause = " ".join(f"{type(error).__name__}: {error}".split())
         raise PluginError(f"plugin {spec} failed to import: {cause} (check trainer.plugins)") from None
     if spec not in _LOADED:

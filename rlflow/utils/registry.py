@@ -101,7 +101,8 @@ class Registry(Generic[T]):
     ``error`` is the exception class an unknown name raises (a ``UserError``, so the CLI prints
     one line); ``hint`` is appended to that message (say how to add an entry). With
     ``name_attribute``, registering a class sets that attribute to its first name (a dataset
-    converter knows it is ``gsm8k``).
+    converter knows it is ``gsm8k``). ``check`` runs on every object before it is registered and raises to
+    refuse it (a reward function that cannot take the four arguments every reward gets).
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class Registry(Generic[T]):
         patterns: bool = False,
         name_attribute: Optional[str] = None,
         discovery: Optional[Discovery] = None,
+        check: Optional[Callable[[T], Any]] = None,
     ) -> None:
         self.kind = kind
         self.config_key = config_key
@@ -124,6 +126,7 @@ class Registry(Generic[T]):
         self.patterns = patterns
         self.name_attribute = name_attribute
         self.discovery = discovery
+        self.check = check
         self._entries: dict[str, T] = {}
         self._metadata: dict[str, dict[str, Any]] = {}
 
@@ -153,6 +156,8 @@ class Registry(Generic[T]):
     def _check(self, name: str, obj: T, override: bool) -> None:
         if self.base is not None and not (isinstance(obj, type) and issubclass(obj, self.base)):
             raise TypeError(f"{self.kind} {name!r} must be a subclass of {self.base.__name__}; got {obj!r}")
+        if self.check is not None:
+            self.check(obj)
         existing = self._entries.get(name)
         if existing is None or override or existing is obj or _qualname(existing) == _qualname(obj):
             return

@@ -25,7 +25,7 @@ from rlflow.workers.errors import (
 )
 from rlflow.workers.mesh import MeshInfo, MeshTable
 from rlflow.workers.metrics import METRIC_REDUCTION_REGISTRY, reduce_metrics
-from rlflow.workers.ray_cluster import init_ray, shutdown_ray
+from rlflow.workers.ray_cluster import init_cluster, init_ray, shutdown_ray
 from rlflow.workers.resource_pool import ResourcePool
 from rlflow.workers.worker import Worker, WorkerContext
 from rlflow.workers.worker_group import RayWorkerGroup, RoleHandle, WorkerSpec
@@ -57,6 +57,7 @@ __all__ = [
     "WorkerUserError",
     "dispatch_mode_names",
     "get_dispatch_mode",
+    "init_cluster",
     "init_ray",
     "reduce_metrics",
     "register",

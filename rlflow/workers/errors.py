@@ -96,5 +96,5 @@ class WorkerTimeoutError(UserError, TimeoutError):
         )
 
 
-class ResourceUnavailableError(RuntimeError):
+class ResourceUnavailableError(UserError, RuntimeError):
     """A resource pool cannot be placed on the cluster; the message names what is missing."""

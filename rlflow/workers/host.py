@@ -1,6 +1,7 @@
 """``WorkerHost``: the Ray actor behind one bundle, hosting one or several (colocated) roles.
 
-The host sets the worker environment, imports the driver's plugins and joins torch.distributed
+The host sets the worker environment and where its log records go (``rlflow.utils.log_routing``:
+the libraries' INFO lines to the run folder's ``logs/``, the console from WARNING), imports the driver's plugins and joins torch.distributed
 before any role is built (so colocated roles share one process and one process group, and a
 role built from a plugin's classes finds them registered), runs each controller call, and turns
 any exception into a ``WorkerError`` carrying its rank, method and traceback.
@@ -16,6 +17,7 @@ from typing import Any, Callable
 import ray
 import torch.distributed as dist
 
+from rlflow.utils.log_routing import route_library_logs
 from rlflow.utils.plugins import import_plugins
 from rlflow.workers.errors import worker_error_from
 from rlflow.workers.mesh import MeshInfo
@@ -49,6 +51,7 @@ class WorkerHost:
     def __init__(self, rank: int, world_size: int, local_rank: int, device_type: str, num_threads: int, dist_timeout_s: float):
         self.rank = rank
         self.local_rank = local_rank
+        route_library_logs(f"worker-rank{rank}-pid{os.getpid()}")
         self.node_id = ray.get_runtime_context().get_node_id()
         os.environ.update(
             {

@@ -5,7 +5,8 @@
 process the driver started once the driver is gone, even after a SIGKILL (see ``cluster_reaper``).
 ``init_ray(address="auto")`` or ``init_ray(address="10.0.0.1:6379")`` joins one started with
 ``ray start`` under that cluster's own network and auth settings (see docs/multinode.md), with no
-watcher. It never runs ``ray stop``: that would kill every Ray process on the machine, other
+watcher; so does ``RAY_ADDRESS`` when no address is given. Joining is bounded by
+``connect_timeout_s`` (``trainer.timeouts.connect_s``; ``ray_connect``). It never runs ``ray stop``: that would kill every Ray process on the machine, other
 users' included.
 """
 
@@ -17,9 +18,11 @@ from typing import Any, Optional
 import ray
 
 from rlflow.utils.cpu_heap import ENV_RETAIN_HEAP
+from rlflow.utils.log_routing import ENV_CONSOLE_LEVEL, ENV_LOG_DIR, LIBRARY_ENV, console_level
 from rlflow.utils.logging import get_logger
 from rlflow.workers.cluster_reaper import ClusterReaper
-from rlflow.workers.ray_security import LOOPBACK, ClusterAuth, node_ip_scope
+from rlflow.workers.ray_connect import connect_deadline, join_address, probe_cluster
+from rlflow.workers.ray_security import LOOPBACK, ClusterAuth, loopback_worker_env, node_ip_scope
 
 logger = get_logger(__name__)
 
@@ -27,8 +30,8 @@ logger = get_logger(__name__)
 # "/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store" and the AF_UNIX path limit.
 _SOCKET_SUFFIX_CHARS = 64
 _MAX_SOCKET_PATH = 107
-_WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-_PASSED_ENV = (ENV_RETAIN_HEAP,)  # the driver's setting reaches workers on other nodes too
+_WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **LIBRARY_ENV}
+_PASSED_ENV = (ENV_RETAIN_HEAP, ENV_LOG_DIR, ENV_CONSOLE_LEVEL)  # the driver's settings reach workers on other nodes too
 _AUTH = ClusterAuth()
 _reaper: Optional[ClusterReaper] = None  # the watcher started with the local cluster of this process
 
@@ -39,6 +42,7 @@ def init_ray(
     temp_dir: str | None = None,
     object_store_memory: int | None = None,
     node_ip_address: Optional[str] = LOOPBACK,
+    connect_timeout_s: float = 120.0,
     **ray_init_kwargs: Any,
 ) -> None:
     """Connect this process to Ray, starting a local cluster when ``address`` is None.
@@ -48,6 +52,10 @@ def init_ray(
     all interfaces), requires a token (a fresh one, unless ``RAY_AUTH_MODE`` is set), runs no
     dashboard, and keeps its sockets and logs in ``temp_dir`` (keep the path short: Ray's socket
     paths must stay under 108 characters). Calling it again while connected is a no-op.
+
+    ``address`` None with ``RAY_ADDRESS`` set joins that cluster. Joining waits at most
+    ``connect_timeout_s`` and fails with one line naming the address (``RayConnectError``, or an exit
+    with status 2 if ``ray.init`` itself hangs); a SIGTERM while joining ends the process at once.
     """
     global _reaper
     if ray.is_initialized():
@@ -55,7 +63,9 @@ def init_ray(
     runtime_env = dict(ray_init_kwargs.pop("runtime_env", None) or {})
     passed = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
     runtime_env["env_vars"] = {**_WORKER_ENV, **passed, **runtime_env.get("env_vars", {})}
-    if address is None:
+    joined = join_address(address)
+    if joined is None:
+        runtime_env["env_vars"] = {**loopback_worker_env(node_ip_address), **runtime_env["env_vars"]}
         if temp_dir is not None and len(temp_dir) + _SOCKET_SUFFIX_CHARS > _MAX_SOCKET_PATH:
             raise ValueError(
                 f"temp_dir {temp_dir!r} is {len(temp_dir)} characters; Ray adds about {_SOCKET_SUFFIX_CHARS} for its "
@@ -63,6 +73,7 @@ def init_ray(
                 "tempfile.mkdtemp(prefix='r', dir='/tmp')"
             )
         ray_init_kwargs.setdefault("include_dashboard", False)
+        ray_init_kwargs.setdefault("logging_level", console_level())  # Ray's INFO lines ("Started a local Ray instance")
         _AUTH.enable()
         _reaper = ClusterReaper()
         try:
@@ -80,8 +91,17 @@ def init_ray(
             _AUTH.restore()
             raise
     else:
-        ray.init(address=address, runtime_env=runtime_env, **ray_init_kwargs)
+        probe_cluster(joined, connect_timeout_s)
+        with connect_deadline(joined, connect_timeout_s):
+            ray.init(address=joined, runtime_env=runtime_env, **ray_init_kwargs)
     logger.info("ray connected: %s", {k: v for k, v in ray.cluster_resources().items() if "node:" not in k})
+
+
+def init_cluster(trainer: Any) -> None:
+    """``init_ray`` with a run's ``trainer`` settings: ``ray_address``, ``ray_num_cpus``, ``ray_temp_dir``,
+    ``ray_node_ip_address`` and ``timeouts.connect_s``."""
+    init_ray(address=trainer.ray_address, num_cpus=trainer.ray_num_cpus, temp_dir=trainer.ray_temp_dir,
+             node_ip_address=trainer.ray_node_ip_address, connect_timeout_s=float(trainer.timeouts.connect_s))
 
 
 def shutdown_ray() -> None:

@@ -10,6 +10,12 @@ Ray keeps local clusters on loopback). ``node_ip_scope`` clears that flag for th
 the ``ray.init`` call only; the node then records ``127.0.0.1`` and passes it to every process it
 starts. ``tests/workers/test_ray_loopback.py`` lists every listening socket of such a cluster.
 
+**The workers' own sockets.** A worker group's rendezvous store is bound to its master address
+(``rlflow.workers.worker.rendezvous_store``: loopback on such a cluster). gloo and NCCL pick the
+interface of the host name for their connections unless told otherwise; ``loopback_worker_env``
+names the loopback interface to them (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``) for the
+workers of a loopback cluster, unless the user set these variables.
+
 **Token auth.** Unless ``RAY_AUTH_MODE`` is already set in the environment (the user's choice,
 kept as is), ``ClusterAuth.enable`` turns on ``RAY_AUTH_MODE=token`` with a fresh random token
 in ``RAY_AUTH_TOKEN``. The cluster's processes inherit it from this process's environment
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 from contextlib import contextmanager
 from typing import Iterator, Optional
 from unittest import mock
@@ -30,6 +37,7 @@ from ray._private import ray_constants
 from ray._raylet import AuthenticationTokenLoader, Config
 
 LOOPBACK = "127.0.0.1"
+SOCKET_INTERFACE_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 AUTH_TOKEN_ENVS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
@@ -46,6 +54,17 @@ def node_ip_scope(node_ip_address: Optional[str]) -> Iterator[None]:
         return
     with mock.patch.object(ray_constants, "ENABLE_RAY_CLUSTER", False):
         yield
+
+
+def loopback_worker_env(node_ip_address: Optional[str]) -> dict[str, str]:
+    """Environment for the workers of a cluster on ``node_ip_address``: on loopback, gloo's and NCCL's interface
+    is the loopback one (``lo``), unless set already; on any other address, nothing."""
+    if node_ip_address != LOOPBACK:
+        return {}
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    if not names:
+        return {}
+    return {env: names[0] for env in SOCKET_INTERFACE_ENVS if env not in os.environ}
 
 
 def _refresh_ray_auth_config() -> None:

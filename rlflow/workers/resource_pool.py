@@ -8,13 +8,15 @@ A bundle is ``{"CPU": c}`` on CPU or ``{"GPU": 1, "CPU": c}`` with an accelerato
 * ``spread``: one SPREAD placement group over all bundles (best-effort spreading).
 
 Before reserving anything the request is compared with the cluster's free and per-node
-resources; a request that cannot fit raises ``ResourceUnavailableError`` naming what is missing,
-and a group that still does not become ready within ``ready_timeout_s`` raises it too (instead
-of pending forever).
+resources; a request that cannot fit (after waiting up to ``resource_wait_s`` for the cluster to
+offer it: nodes of a joined cluster may still be coming up) raises ``ResourceUnavailableError``
+naming what is missing, and a group that still does not become ready within ``ready_timeout_s``
+raises it too (instead of pending forever).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -32,6 +34,7 @@ POOL_PLACEMENT_REGISTRY: Registry[Callable[["ResourcePool"], None]] = Registry("
 
 _NODE_ID_LABEL = "ray.io/node-id"
 _EPS = 1e-9
+_POLL_S = 1.0  # how often a pool waiting for resources looks at the cluster again
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class ResourcePool:
         device: str = "auto",
         placement: str = "pack",
         ready_timeout_s: float = 60.0,
+        resource_wait_s: float = 0.0,
         name: str = "pool",
     ):
         if procs_per_node < 1 or nnodes < 1 or cpus_per_proc <= 0:
@@ -77,6 +81,7 @@ class ResourcePool:
         self.device = device
         self.placement = placement
         self.ready_timeout_s = ready_timeout_s
+        self.resource_wait_s = resource_wait_s
         self.accelerator = _accelerator_resource(device)
         self.bundle: dict[str, float] = {"CPU": float(cpus_per_proc)}
         if self.accelerator:
@@ -140,13 +145,19 @@ class ResourcePool:
     # ------------------------------------------------------------------ reservation
     def _check_cluster_total(self) -> None:
         need = {key: value * self.world_size for key, value in self.bundle.items()}
-        free = _free(self.bundle)
-        missing = {key: round(n - free[key], 6) for key, n in need.items() if n > free[key] + _EPS}
-        if missing:
-            raise ResourceUnavailableError(
-                f"{self.describe()} needs {need} in total but the cluster has {free} free: missing {missing}. "
-                "Lower nnodes / procs_per_node / cpus_per_proc, free resources, or add nodes."
-            )
+        deadline = time.monotonic() + self.resource_wait_s
+        while True:
+            free = _free(self.bundle)
+            missing = {key: round(n - free[key], 6) for key, n in need.items() if n > free[key] + _EPS}
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                waited = f" (after waiting {self.resource_wait_s:.0f} s)" if self.resource_wait_s else ""
+                raise ResourceUnavailableError(
+                    f"{self.describe()} needs {need} in total but the cluster has {free} free{waited}: missing {missing}. "
+                    "Lower nnodes / procs_per_node / cpus_per_proc, free resources, or add nodes."
+                )
+            time.sleep(_POLL_S)
 
     def _reserve(self, bundles: list[dict[str, float]], strategy: str, label: str, selector: list | None = None) -> str:
         """Create one placement group and wait (bounded) until it is placed; returns its first node."""

@@ -25,6 +25,7 @@ ENV_DEVICE = "RLFLOW_DEVICE"
 ENV_NUM_THREADS = "RLFLOW_NUM_THREADS"
 ENV_DIST_TIMEOUT_S = "RLFLOW_DIST_TIMEOUT_S"
 ENV_NODE_ID = "RLFLOW_NODE_ID"
+_AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"  # torchrun: its agent hosts the rendezvous store
 
 
 def find_free_port() -> int:
@@ -68,6 +69,22 @@ class WorkerContext:
         )
 
 
+def rendezvous_store(ctx: WorkerContext) -> dist.TCPStore:
+    """The group's ``TCPStore`` at ``master_addr:master_port``: rank 0 serves it, the others connect.
+
+    torch's own ``tcp://`` rendezvous serves the store on every interface (``::``); rank 0 here binds the
+    listening socket to ``master_addr`` itself (loopback for a local cluster) and hands it to the store.
+    Under ``torchrun`` its agent serves the store already (``TORCHELASTIC_USE_AGENT_STORE``): every rank connects.
+    """
+    timeout = timedelta(seconds=ctx.dist_timeout_s)
+    if ctx.rank != 0 or os.environ.get(_AGENT_STORE_ENV) == "True":
+        return dist.TCPStore(ctx.master_addr, ctx.master_port, ctx.world_size, is_master=False, timeout=timeout)
+    family = socket.getaddrinfo(ctx.master_addr, ctx.master_port, type=socket.SOCK_STREAM)[0][0]
+    listener = socket.create_server((ctx.master_addr, ctx.master_port), family=family, backlog=max(128, ctx.world_size))
+    return dist.TCPStore(ctx.master_addr, ctx.master_port, ctx.world_size, is_master=True, timeout=timeout,
+                         wait_for_workers=False, master_listen_fd=listener.detach())
+
+
 def setup_worker_process(ctx: WorkerContext) -> torch.device:
     """Threads, device and the default torch.distributed group for this process (idempotent).
 
@@ -81,7 +98,7 @@ def setup_worker_process(ctx: WorkerContext) -> torch.device:
     if not dist.is_initialized():
         dist.init_process_group(
             backend=dist_backend_for(ctx.device_type),
-            init_method=f"tcp://{ctx.master_addr}:{ctx.master_port}",
+            store=rendezvous_store(ctx),
             rank=ctx.rank,
             world_size=ctx.world_size,
             timeout=timedelta(seconds=ctx.dist_timeout_s),

@@ -31,8 +31,8 @@ def test_lora_on_an_engine_without_it_is_refused(compose, mount):
     (["rollout=hf", "actor.engine.lora.rank=8", "rollout.lora_sync=adapter"], "merged weights only"),
     (["actor.engine.lora.rank=8", "rollout.lora_sync=adapters"], "unknown LoRA sync mode 'adapters' (config key rollout.lora_sync); registered: adapter, merged"),
     (["actor.engine.lora.rank=8", "actor.engine.lora.parts=[mlp,embedding]"], "unknown LoRA part 'embedding' (config key actor.engine.lora.parts); registered: attention, mlp, unembedding"),
-    (["actor.engine.lora.rank=-1"], "lora.rank=-1"),
-    (["actor.engine.lora.rank=8", "actor.engine.lora.alpha=0"], "lora.alpha=0.0"),
+    (["actor.engine.lora.rank=-1"], "config key 'actor.engine.lora.rank': must be >= 0 (0: no adapters), got -1"),
+    (["actor.engine.lora.rank=8", "actor.engine.lora.alpha=0"], "config key 'actor.engine.lora.alpha': must be > 0, got 0.0"),
 ])
 def test_bad_lora_settings_name_their_key(overrides, words):
     assert words in one_line_error(compose_ppo_config, overrides)

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlflow.data.cli import main
+from rlflow.data.outputs import OUTPUTS_MARKER
 from rlflow.data.rl_dataset import RLDataset
 from rlflow.rewards import get_reward_fn
 
@@ -55,7 +56,7 @@ def test_gsm8k_rows_are_verl_format_read_by_rl_dataset_and_scored(gsm8k_folder, 
     out = tmp_path / "out"
     assert main(["gsm8k", "--src", str(gsm8k_folder), "--out", str(out)]) == 0
     assert "train: 2 rows" in capsys.readouterr().out
-    assert sorted(p.name for p in out.iterdir()) == ["test.parquet", "train.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == [OUTPUTS_MARKER, "test.parquet", "train.parquet"]
 
     schema = pq.read_schema(out / "train.parquet")
     assert schema.names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -123,8 +125,14 @@ def test_missing_file_is_named(tmp_path, tokenizer, write_rows, rl_row):
         (lambda d: (d / "x.csv").write_text("a,b\n") and d / "x.csv", "unknown data file format '.csv'"),
         (lambda d: (d / "x.parquet").write_bytes(b"not parquet") and d / "x.parquet", "cannot be read"),
         (lambda d: (d / "x.jsonl").write_text('{"a": 1}\n{broken\n') and d / "x.jsonl", "line 2 is not valid JSON"),
+        (lambda d: (d / "x.json").write_text('[{"a": 1},\n{"a": 2') and d / "x.json",
+         r"not valid JSON at line 2, column 8 \(character 18\): .* \(the text ends early: cut off\?\)"),
+        (lambda d: (d / "x.jsonl").write_bytes(b'{"a": 1}\n{"a": "\xff"}\n') and d / "x.jsonl",
+         r"not UTF-8 text at byte 16 \(line 2: invalid start byte\)"),
+        (lambda d: pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), d / "x.parquet") or d / "x.parquet",
+         "holds no rows"),
     ],
-    ids=["empty-folder", "csv", "corrupt-parquet", "broken-json-line"],
+    ids=["empty-folder", "csv", "corrupt-parquet", "broken-json-line", "cut-json-list", "invalid-utf8", "zero-row-parquet"],
 )
 def test_unreadable_inputs_name_the_file(tmp_path, tokenizer, setup, match):
     path = setup(tmp_path)

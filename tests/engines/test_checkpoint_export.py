@@ -105,6 +105,26 @@ def test_bad_input_is_one_line_and_exit_2(two_rank: Path, tmp_path: Path, capsys
     assert "--model-path" in _one_line_error(capsys)
 
 
+def test_out_is_checked_before_the_checkpoint_is_read(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "a_file").write_text("mine")
+    assert main([str(tmp_path / "no_checkpoint"), str(tmp_path / "a_file")]) == 2
+    assert f"OUT {tmp_path / 'a_file'} is a file; name a folder" in _one_line_error(capsys)
+    assert main([str(tmp_path / "no_checkpoint"), str(tmp_path / "a_file" / "hf")]) == 2
+    assert "is a file, so the path cannot be created" in _one_line_error(capsys)
+    assert (tmp_path / "a_file").read_text() == "mine"
+
+
+def test_a_corrupt_engine_meta_is_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "engine_meta.json").write_text('{"engine": "fsdp2", "model_ki')  # cut off mid-write
+    assert main([str(checkpoint), str(tmp_path / "out")]) == 2
+    line = _one_line_error(capsys)
+    assert f"checkpoint file {checkpoint / 'engine_meta.json'}: not valid JSON at line 1, column 21 (character 20)" in line
+    assert line.rstrip().endswith("(the text ends early: cut off?)"), line
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # the one-process save is the point
 def test_tied_embeddings_are_written_once(tmp_path: Path) -> None:
     """A model with tied embeddings: its state dict names the tensor twice, the export (like save_pretrained) once.

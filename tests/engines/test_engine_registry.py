@@ -32,7 +32,7 @@ def test_build_engine_validates_against_the_engine_dataclass(model_path: Path) -
         build_engine({"name": "fsdp", "hybrid_replicate_size": 2}, model_path)  # an fsdp2-only key
     with pytest.raises(EngineConfigError, match="optimizer.lrr"):
         build_engine({"name": "fsdp2", "optimizer": {"lrr": 1.0}}, model_path)
-    with pytest.raises(EngineConfigError, match="micro_batch_size=0"):
+    with pytest.raises(EngineConfigError, match="'micro_batch_size': must be >= 1, got 0"):
         config_from_mapping(FSDPEngineConfig, {"micro_batch_size": 0})
     with pytest.raises(ValueError, match="unknown model kind"):
         build_engine({"name": "fsdp2"}, model_path, model_kind="diffusion")

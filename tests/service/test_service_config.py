@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 
 import pytest
-from one_line_errors import one_line_error
-from service_runner import REPO
+from one_line_errors import cli_refusal, one_line_error
 
 from rlflow.service.config import SERVICE_ENTRY, compose_service_config
 from rlflow.service.main import prepare
@@ -26,9 +23,11 @@ def _prepared(overrides: list[str]) -> object:
      "engine 'torchtitan' has none; use one of ['fsdp', 'fsdp2'"),  # then the LoRA engines plugins registered
     (["service.api_keys=[tml-a]", "service.models.tiny=/x", "+service.prot=1"], "service.prot"),
     (["service.api_keys=[tml-a]", "service.models.tiny=/x", "service.max_sample_batch=0"],
-     "config key 'service.max_sample_batch' must be >= 1"),
+     "config key 'service.max_sample_batch': must be >= 1"),
     (["service.api_keys=[tml-a]", "service.models.tiny=/x", "rollout.calculate_log_probs=false"],
      "config key 'rollout.calculate_log_probs': the service's samples carry each token's log-prob"),
+    (["service.api_keys=[tml-a]", "service.models.tiny=/x", "service.port=70000"],
+     "config key 'service.port': must be in [1, 65535], got 70000"),
     (["service.api_keys=[tml-a]", "service.models.tiny=/nowhere"], "config key 'service.models': "),
 ])
 def test_config_mistakes_are_one_line(overrides, message):
@@ -45,12 +44,21 @@ def test_a_port_in_use_is_one_line(tiny_model, tmp_path):
     assert f"config key 'service.port': cannot listen on 127.0.0.1:{port}" in message
 
 
+def test_a_checkpoint_dir_that_is_a_file_is_one_line(tiny_model, tmp_path):
+    (tmp_path / "a_file").write_text("mine")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    message = one_line_error(_prepared, ["service.api_keys=[tml-a]", f"service.models.tiny={tiny_model}",
+                                         f"service.port={port}", f"service.checkpoint_dir={tmp_path / 'a_file'}"])
+    assert message == f"config key 'service.checkpoint_dir': {tmp_path / 'a_file'} is a file; name a folder"
+    assert (tmp_path / "a_file").read_text() == "mine"
+
+
 def test_the_command_exits_2_with_one_line_before_ray_starts(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "rlflow.service", "service.api_keys=[tml-a]", "service.models.tiny=/nowhere",
-                             f"service.checkpoint_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
-    assert result.stderr.strip().startswith("error: config key 'service.models': ") and "\n" not in result.stderr.strip()
-    assert "Ray" not in result.stdout + result.stderr
+    line = cli_refusal(["-m", "rlflow.service", "service.api_keys=[tml-a]", "service.models.tiny=/nowhere",
+                        f"service.checkpoint_dir={tmp_path}", f"trainer.ray_temp_dir={tmp_path / 'ray'}"], ray_dir=tmp_path / "ray")
+    assert line.startswith("config key 'service.models': ")
 
 
 def test_validate_checks_models_port_and_checkpoint_folder_and_creates_nothing(tiny_model, tmp_path):
@@ -60,4 +68,4 @@ def test_validate_checks_models_port_and_checkpoint_folder_and_creates_nothing(t
     (tmp_path / "a_file").write_text("")
     message = one_line_error(lambda o: SERVICE_ENTRY.preflight(compose_service_config(o)),
                              overrides + [f"service.checkpoint_dir={tmp_path / 'a_file' / 'ckpt'}"])
-    assert message.startswith("config key 'service.checkpoint_dir': ") and "a_file is a file, not a folder" in message
+    assert message.startswith("config key 'service.checkpoint_dir': ") and "a_file is a file, so the path cannot be created" in message

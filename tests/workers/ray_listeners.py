@@ -11,35 +11,16 @@ import json
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import grpc
-import psutil
 import ray
 from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
 from rlflow.workers import init_ray, shutdown_ray
 
-
-def session_processes(temp_dir: str) -> list[psutil.Process]:
-    me = psutil.Process()
-    procs = {p.pid: p for p in [me, *me.children(recursive=True)]}
-    for p in psutil.process_iter(["cmdline"]):
-        if any(temp_dir in arg for arg in p.info["cmdline"] or []):
-            procs.setdefault(p.pid, p)
-    return list(procs.values())
-
-
-def listeners(procs: list[psutil.Process]) -> list[dict]:
-    found = []
-    for p in procs:
-        try:
-            name = p.name()
-            conns = p.net_connections(kind="inet")
-        except psutil.NoSuchProcess:
-            continue
-        found += [{"pid": p.pid, "name": name, "ip": c.laddr.ip, "port": c.laddr.port}
-                  for c in conns if c.status == psutil.CONN_LISTEN]
-    return found
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the helpers the loopback tests share
+from listening_sockets import listeners, session_processes  # noqa: E402
 
 
 def settled_listeners(temp_dir: str, quiet_s: float = 4.0, limit_s: float = 60.0) -> list[dict]:

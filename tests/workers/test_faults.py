@@ -54,6 +54,14 @@ def test_request_larger_than_cluster_names_what_is_missing(local_ray):
     assert time.monotonic() - started < BOUND_S
 
 
+def test_a_pool_waits_for_a_joined_clusters_resources_at_most_its_limit(local_ray):
+    """A joined cluster's nodes may still be coming up: the pool waits ``resource_wait_s`` for them, then one line."""
+    started = time.monotonic()
+    with pytest.raises(ResourceUnavailableError, match=r"free \(after waiting 2 s\): missing \{'CPU': ") as info:
+        ResourcePool(procs_per_node=4, cpus_per_proc=4.0, device="cpu", resource_wait_s=2.0, name="waits")
+    assert 2.0 <= time.monotonic() - started < BOUND_S and "\n" not in str(info.value)
+
+
 def test_bad_pool_arguments_are_named():
     with pytest.raises(ValueError, match="ResourcePool 'pool': unknown pool placement 'diagonal'; registered: pack, spread"):
         ResourcePool(procs_per_node=1, placement="diagonal")

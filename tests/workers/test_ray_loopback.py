@@ -6,28 +6,22 @@ the defaults are what is tested (the suite's own session may run under a user's 
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from listening_sockets import is_loopback
+
 # Ray processes allowed to listen on a non-loopback address, with the reason: none in Ray 2.60.
 # Keep in sync with docs/reliability/security.md.
 ALLOWED_NON_LOOPBACK: dict[str, str] = {}
 
 
-def _is_loopback(ip: str) -> bool:
-    address = ipaddress.ip_address(ip.split("%")[0])
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
-
-
 def test_is_loopback_reads_mapped_and_wildcard_addresses():
-    assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("::ffff:127.0.0.1")
-    assert not any(_is_loopback(ip) for ip in ("0.0.0.0", "::", "192.0.2.2", "::ffff:10.0.0.1"))
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("::ffff:127.0.0.1")
+    assert not any(is_loopback(ip) for ip in ("0.0.0.0", "::", "192.0.2.2", "::ffff:10.0.0.1"))
 
 
 def test_local_cluster_binds_every_port_to_loopback_and_requires_a_token(tmp_path):
@@ -42,7 +36,7 @@ def test_local_cluster_binds_every_port_to_loopback_and_requires_a_token(tmp_pat
     assert report["node_ip"] == "127.0.0.1"
     names = {entry["name"] for entry in report["listeners"]}
     assert {"gcs_server", "raylet"} <= names, report["listeners"]  # the scan does see the cluster
-    exposed = [e for e in report["listeners"] if not _is_loopback(e["ip"]) and e["name"] not in ALLOWED_NON_LOOPBACK]
+    exposed = [e for e in report["listeners"] if not is_loopback(e["ip"]) and e["name"] not in ALLOWED_NON_LOOPBACK]
     assert not exposed, f"Ray processes listening beyond loopback: {exposed}"
     assert report["tokenless_gcs_call"] == "UNAUTHENTICATED"
 

@@ -26,6 +26,9 @@ def engine_schema_resolver(mount: str) -> Callable[[DictConfig], type]:
     """The function ``validate_config`` calls on the engine node at ``mount``: its engine's config class."""
 
     def resolve(node: DictConfig) -> type:
+        if node.get("name") is None:
+            raise ConfigError(f"config key '{mount}.name': no engine named (the node was deleted or emptied on the "
+                              f"command line?); pick one with {mount}=NAME")
         try:
             return ENGINE_REGISTRY.get(str(node.get("name")), config_key=f"{mount}.name").config_class
         except EngineConfigError as error:

@@ -9,12 +9,14 @@ depends on no driver.
 
 ``EntryPoint.load`` runs every check in one order: plugins first (they may register names), then
 keys and types against the schema (each engine node against its engine's config class), every
-choice value, what the policy engine supports, the timeouts, bf16/fp16 on this CPU, and last the
-entry point's own checks.
+choice value, what the policy engine supports, bf16/fp16 on this CPU, and last the entry point's own
+checks. Numbers, the timeouts among them, are checked against their declared ranges with the keys and
+types (``rlflow.config.ranges``). ``run`` then judges the machine (``machine_checks``) before the body
+starts anything.
 
-``--validate`` on the command line of any entry point runs ``load`` and then the entry point's
-``preflight``: the rest of what its run checks before Ray starts (model and data files, batch
-sizes against the ranks, the run folder), handed in by the driver so that this package imports
+``--validate`` on the command line of any entry point runs ``load``, the machine checks and then the
+entry point's ``preflight``: the rest of what its run checks before Ray starts (model and data files,
+batch sizes against the ranks, the run folder), handed in by the driver so that this package imports
 none. It prints the resolved config and exits 0, or prints the problem and exits 2; it starts no
 Ray and writes nothing in the run folder. Hydra's ``--cfg job`` stays what it is: the composed
 config, printed before any of these checks.
@@ -30,11 +32,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from rlflow.config import ConfigError, validate_config
+from rlflow.config.validation import check_nodes
 from rlflow.config.loading.choices import Choice, check_choices
 from rlflow.config.loading.dtype_guard import ComputeDtypeKey, check_half_precision
 from rlflow.config.loading.engine_checks import check_engine_supports, engine_schema_resolver
 from rlflow.config.loading.hydra_entry import compose_hydra_config, run_hydra_entry
-from rlflow.config.loading.timeouts import check_timeouts
 from rlflow.utils.plugins import import_plugins
 
 # Keys naming plugins, in import order: rlflow's, then verl's spelling (merged into the first).
@@ -54,8 +56,11 @@ class EntryPoint:
     group (``actor.engine=fsdp`` for ``engine@actor.engine=fsdp``); keys under
     ``free_form_mappings`` may be new. ``choices`` and ``dtype_keys`` list the entry point's choice
     and compute-dtype keys (called after the plugins are imported); ``checks`` run last in ``load``.
-    ``preflight`` is what ``--validate`` runs after ``load``: the driver's own pre-Ray checks, which
-    must start nothing and create nothing in the run folder (the run performs them on its way to Ray).
+    ``machine_checks`` judge what this machine or the cluster offers the run (CPUs, GPUs, a head that answers):
+    ``run`` calls them after ``load``, before the body starts anything; a config composed in-process
+    (``compose``) is not judged by the machine it is composed on. ``preflight`` is what ``--validate`` runs
+    after those: the driver's own pre-Ray checks, which must start nothing and create nothing in the run
+    folder (the run performs them on its way to Ray).
     """
 
     config_name: str
@@ -67,16 +72,20 @@ class EntryPoint:
     group_shorthands: Mapping[str, str] = field(default_factory=dict)
     free_form_mappings: tuple[str, ...] = ()
     checks: tuple[ConfigCheck, ...] = ()
+    machine_checks: tuple[ConfigCheck, ...] = ()
     preflight: Optional[ConfigCheck] = None
 
     def load(self, cfg: DictConfig) -> DictConfig:
         """Validate a composed (raw) config of this entry point; raises a ``UserError`` naming the bad key."""
+        check_nodes(cfg, self.schema)
         cfg = import_configured_plugins(cfg)
         config = validate_config(cfg, self.schema, {path: engine_schema_resolver(path) for path in self.engine_mounts})
         check_choices(config, self.choices())
         for mount in self.policy_mounts:
+            if OmegaConf.select(config, mount) is None:
+                raise ConfigError(f"config key '{mount}': missing (deleted on the command line?); the policy needs an "
+                                  f"engine: pick one with {mount}=NAME")
             check_engine_supports(config, mount)
-        check_timeouts(config.trainer.timeouts)
         check_half_precision(config, self.dtype_keys())
         for check in self.checks:
             check(config)
@@ -86,15 +95,22 @@ class EntryPoint:
         """The validated config this entry point builds from these command-line overrides, composed in-process."""
         return self.load(compose_hydra_config(self.config_name, overrides, self.group_shorthands, self.free_form_mappings))
 
+    def check_machine(self, config: DictConfig) -> DictConfig:
+        """Run the ``machine_checks`` on a validated config; returns it."""
+        for check in self.machine_checks:
+            check(config)
+        return config
+
     def validate(self, cfg: DictConfig) -> DictConfig:
-        """Every check a run makes before Ray starts (``load``, then ``preflight``); returns the resolved config."""
-        config = self.load(cfg)
+        """Every check a run makes before Ray starts (``load``, the machine, ``preflight``); returns the resolved config."""
+        config = self.check_machine(self.load(cfg))
         if self.preflight is not None:
             self.preflight(config)
         return config
 
     def run(self, body: Callable[[DictConfig], object]) -> None:
-        """Parse ``sys.argv`` with Hydra, validate, then call ``body(config)``; a ``UserError`` exits 2, one line per problem.
+        """Parse ``sys.argv`` with Hydra, validate, check the machine, then call ``body(config)``; a ``UserError`` exits 2
+        with one line.
 
         With ``--validate`` anywhere in the arguments, ``body`` is not called: the resolved config
         is printed once ``validate`` passes (exit 0).
@@ -103,7 +119,8 @@ class EntryPoint:
             sys.argv = [arg for arg in sys.argv if arg != VALIDATE_FLAG]
             run_hydra_entry(self.config_name, _print_resolved(self.validate), self.group_shorthands, self.free_form_mappings)
             return
-        run_hydra_entry(self.config_name, lambda cfg: body(self.load(cfg)), self.group_shorthands, self.free_form_mappings)
+        run_hydra_entry(self.config_name, lambda cfg: body(self.check_machine(self.load(cfg))), self.group_shorthands,
+                        self.free_form_mappings)
 
 
 def _print_resolved(validate: Callable[[DictConfig], DictConfig]) -> Callable[[DictConfig], None]:

@@ -8,8 +8,12 @@ from typing import Callable, Mapping, Sequence
 
 import hydra
 from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
+from rlflow.config import ConfigError
 from rlflow.config.loading.verl_overrides import check_verl_overrides
 from rlflow.errors import UserError
 from rlflow.utils.device import limit_cpu_threads
@@ -86,10 +90,46 @@ def add_free_form_keys(argv: list[str], mappings: tuple[str, ...]) -> list[str]:
 
 def compose_hydra_config(config_name: str, overrides: Sequence[str], group_mounts: Mapping[str, str],
                          free_form_mappings: tuple[str, ...] = ()) -> DictConfig:
-    """The raw config an entry point's Hydra parse gives for these command-line overrides, composed in-process."""
+    """The raw config an entry point's Hydra parse gives for these command-line overrides, composed in-process;
+    an override Hydra refuses (grammar, an unknown or empty group option) is one ``ConfigError`` line."""
     check_verl_overrides(config_name, overrides)
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name, add_free_form_keys(expand_group_shorthands(list(overrides), group_mounts), free_form_mappings))
+        try:
+            return compose(config_name, add_free_form_keys(expand_group_shorthands(list(overrides), group_mounts),
+                                                           free_form_mappings))
+        except (HydraException, OmegaConfBaseException) as error:
+            raise ConfigError(hydra_error_line(error, overrides)) from None
+
+
+def hydra_error_line(error: Exception, overrides: Sequence[str]) -> str:
+    """Hydra's multi-line refusal of a command line as one line: the override it could not parse and why, or its
+    first line and the options of a group."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip() and not line.startswith("See https")]
+    if isinstance(error, OverrideParseException):
+        bad = next((arg for arg in overrides if not _parses(arg)), None)
+        why = "; ".join(line for line in lines if not line.startswith("Error parsing override"))
+        return f"command line: cannot parse the override {bad!r}: {why} (https://hydra.cc/docs/advanced/override_grammar/basic)"
+    options = getattr(error, "options", None)
+    choices = f"; choose one of {', '.join(options)}" if options else ""
+    return f"command line: {lines[0] if lines else type(error).__name__}{choices}"
+
+
+def _parses(override: str) -> bool:
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except OverrideParseException:
+        return False
+    return True
+
+
+def check_command_line(config_name: str, argv: Sequence[str], group_mounts: Mapping[str, str],
+                       free_form_mappings: tuple[str, ...] = ()) -> None:
+    """Compose ``argv`` in-process first, so that what Hydra would refuse in many lines is one ``ConfigError``; a
+    command line with flags (``--cfg job``, ``--help``) is left to Hydra, which reads them."""
+    if any(arg.startswith("-") for arg in argv):
+        check_verl_overrides(config_name, argv)
+        return
+    compose_hydra_config(config_name, argv, group_mounts, free_form_mappings)
 
 
 def print_user_error(error: UserError) -> None:
@@ -108,14 +148,15 @@ def run_hydra_entry(
 
     Keys under ``free_form_mappings`` may be new (``add_free_form_keys``).
 
-    Keys in verl's spelling stop it first, with one line each naming rlflow's key (``verl_overrides``).
+    A key in verl's spelling stops it first, with the line naming rlflow's key (``verl_overrides``), and so does
+    anything else Hydra would refuse in many lines (``check_command_line``).
 
     The controller itself runs one torch thread: it only moves batches and does cheap batch math,
     and a second thread on a loaded small machine made its tensor work many times slower.
     """
     limit_cpu_threads(1)
     try:
-        check_verl_overrides(config_name, sys.argv[1:])
+        check_command_line(config_name, sys.argv[1:], group_mounts or {}, free_form_mappings)
     except UserError as error:
         print_user_error(error)
         sys.exit(2)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlflow.config import ConfigError
 from rlflow.workers import CallLimit, GroupTimeouts
 
 TIMEOUTS_KEY = "trainer.timeouts"
@@ -50,12 +49,10 @@ def phase_limit(timeouts: Any, phase: str) -> CallLimit:
     return CallLimit(float(timeouts[f"{phase}_s"]), phase, f"{TIMEOUTS_KEY}.{phase}_s")
 
 
-def check_timeouts(timeouts: Any) -> None:
-    """Every timeout must be a positive number of seconds (``ConfigError`` naming the key otherwise)."""
-    for phase in PHASES:
-        seconds = timeouts[f"{phase}_s"]
-        if not seconds > 0:
-            raise ConfigError(f"config key '{TIMEOUTS_KEY}.{phase}_s': must be a positive number of seconds, got {seconds}")
+def resource_wait_s(trainer: Any) -> float:
+    """How long a resource pool waits for the cluster to offer its bundles: ``connect_s`` when the run joins a cluster
+    (nodes may still be joining it), none on the local cluster the run started (its resources are all there)."""
+    return float(trainer.timeouts.connect_s) if trainer.ray_address else 0.0
 
 
 def group_timeouts(timeouts: Any) -> GroupTimeouts:

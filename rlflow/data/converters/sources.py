@@ -14,6 +14,7 @@ from typing import Optional
 
 from rlflow.data.converters.base import DatasetConverter
 from rlflow.data.files import DATA_FORMAT_REGISTRY, read_rows, write_parquet
+from rlflow.data.outputs import check_outputs, record_outputs
 from rlflow.errors import DataError
 
 SPLIT_WORDS = ("train", "test", "validation", "val")
@@ -51,19 +52,25 @@ def split_files(sources: list[Path], split: Optional[str] = None) -> dict[str, l
 
 
 def convert_sources(converter: DatasetConverter, sources: list[Path], out_dir: Path,
-                    split: Optional[str] = None) -> dict[str, tuple[Path, int]]:
+                    split: Optional[str] = None, overwrite: bool = False) -> dict[str, tuple[Path, int]]:
     """Convert every source file into ``out_dir/<split>.parquet``; returns each split's file and row count.
 
-    Every row is converted before anything is written, so a bad row leaves ``out_dir`` untouched.
+    Every row is converted before anything is written, so a bad row leaves ``out_dir`` untouched; a
+    file of those names is replaced only if rlflow-data wrote it and ``overwrite`` is set, checked
+    before any row is read (``outputs``).
     """
     groups = split_files(sources, split)
+    names = [f"{name}.parquet" for name in groups]
     sources_read = {path.resolve() for paths in groups.values() for path in paths}
+    for name in names:
+        if (out_dir / name).resolve() in sources_read:
+            raise DataError(f"--out {out_dir} would overwrite the source file {(out_dir / name).resolve()}; pick another --out")
+    check_outputs(out_dir, names, overwrite)
     tables: dict[str, list[dict]] = {}
     for name, paths in groups.items():
-        out = (out_dir / f"{name}.parquet").resolve()
-        if out in sources_read:
-            raise DataError(f"--out {out_dir} would overwrite the source file {out}; pick another --out")
         converted = [row for path in paths for row in read_rows(path, converter.convert)]
         tables[name] = [converter.rl_row(row, name, index) for index, row in enumerate(converted)]
     out_dir.mkdir(parents=True, exist_ok=True)
-    return {name: (write_parquet(rows, out_dir / f"{name}.parquet"), len(rows)) for name, rows in tables.items()}
+    written = {name: (write_parquet(rows, out_dir / f"{name}.parquet"), len(rows)) for name, rows in tables.items()}
+    record_outputs(out_dir, names)
+    return written

@@ -38,14 +38,21 @@ def add_task_arguments(parser: argparse.ArgumentParser, task_as_flag: bool) -> N
     for name, option_type in _task_option_types().items():
         flag = f"--{name.replace('_', '-')}"
         options.add_argument(flag, dest=name, type=option_type, default=None, help=f"task option {name}")
+    add_overwrite_argument(parser)
     parser.set_defaults(run=write_task_from_args)
+
+
+def add_overwrite_argument(parser: argparse.ArgumentParser) -> None:
+    """``--overwrite``: replace files an earlier rlflow-data run wrote into ``--out`` (never anyone else's)."""
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace files an earlier rlflow-data run wrote in --out (a file it did not write is never replaced)")
 
 
 def write_task_from_args(args: argparse.Namespace) -> None:
     """Generate the task files the parsed arguments ask for and print where they went (errors raise ``ValueError``)."""
     options = {name: getattr(args, name) for name in _task_option_types() if getattr(args, name) is not None}
     task = build_task(args.task, **options)
-    written = write_task_files(task, args.out, n_train=args.train, n_val=args.val, seed=args.seed)
+    written = write_task_files(task, args.out, n_train=args.train, n_val=args.val, seed=args.seed, overwrite=args.overwrite)
     print(f"{task.data_source} {task.options()} seed={args.seed}: train={args.train} val={args.val}")
     for key, path in written.items():
         print(f"  {key}: {path}")

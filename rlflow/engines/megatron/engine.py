@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, ClassVar, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,7 @@ from megatron.core.distributed import DistributedDataParallelConfig, finalize_mo
 from megatron.core.transformer.transformer_config import TransformerConfig
 from transformers import AutoConfig
 
+from rlflow.config.ranges import AT_LEAST_1, Ranges
 from rlflow.engines.base import Capability, EngineMesh, LossFn
 from rlflow.engines.common.batching.packing import TokenStream, make_token_stream
 from rlflow.engines.common.checkpoint.checkpointing import MODEL_OPTIM_DIR, EngineCheckpointer, save_model_files, setup_meta
@@ -80,14 +81,8 @@ class MegatronEngineConfig(EngineConfig):
     logprob_chunk_size: int = 1024  # tokens per chunk when computing log-probs (bounds the fp32 logits shard)
     bias_activation_fusion: bool = True  # megatron's fused SwiGLU (torch.compile; needs a C++ compiler on CPU)
 
-    def range_checks(self) -> dict[str, bool]:
-        return {
-            **super().range_checks(),
-            "tensor_model_parallel_size": self.tensor_model_parallel_size >= 1,
-            "pipeline_model_parallel_size": self.pipeline_model_parallel_size >= 1,
-            "make_vocab_size_divisible_by": self.make_vocab_size_divisible_by >= 1,
-            "logprob_chunk_size": self.logprob_chunk_size >= 1,
-        }
+    RANGES: ClassVar[Ranges] = {"tensor_model_parallel_size": AT_LEAST_1, "pipeline_model_parallel_size": AT_LEAST_1,
+                                "make_vocab_size_divisible_by": AT_LEAST_1, "logprob_chunk_size": AT_LEAST_1}
 
 
 @ENGINE_REGISTRY.register("megatron")

@@ -28,7 +28,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, ClassVar, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -41,6 +41,7 @@ from torchtitan.models.common.decoder import Decoder
 from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 from transformers import AutoConfig
 
+from rlflow.config.ranges import AT_LEAST_1, Ranges
 from rlflow.engines.base import Capability, EngineMesh
 from rlflow.engines.common.batching.packing import document_causal_mask
 from rlflow.engines.common.forward.models import FORWARD_PREFIX, ForwardModule
@@ -72,11 +73,11 @@ class TorchtitanEngineConfig(EngineConfig):
     defer_grad_reduce: bool = True  # reduce-scatter gradients once per mini-batch, not per micro-batch
     compile: bool = False  # torch.compile each transformer block (GPU-first; see docs/engines.md)
 
+    RANGES: ClassVar[Ranges] = {"tensor_parallel_size": AT_LEAST_1, "logprob_chunk_size": AT_LEAST_1}
+
     def range_checks(self) -> dict[str, bool]:
         return {
             **super().range_checks(),
-            "logprob_chunk_size": self.logprob_chunk_size >= 1,
-            "tensor_parallel_size": self.tensor_parallel_size >= 1,
             "param_dtype": self.param_dtype in _TITAN_PARAM_DTYPES,
             "reduce_dtype": self.reduce_dtype == "float32",
             "fsdp_reshard_after_forward": self.fsdp_reshard_after_forward in _RESHARD_POLICIES,
