@@ -7,7 +7,6 @@ a damaged ``config.json`` or tokenizer file with one naming the file and the off
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -64,6 +63,8 @@ def require_model_folder(path: str | Path) -> Path:
         raise FileNotFoundError(f"model folder {str(folder)!r} has no config.json")
     if not isinstance(read_json(folder / "config.json", ModelFileError), dict):
         raise ModelFileError(f"{folder / 'config.json'}: holds no JSON object")
+    if (folder / "generation_config.json").is_file():
+        read_json(folder / "generation_config.json", ModelFileError)
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise FileNotFoundError(f"model folder {str(folder)!r} has no weights (expected one of {list(WEIGHT_FILES)})")
     return folder
@@ -112,6 +113,15 @@ def error_summary(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+def safetensors_weight_map(index: Path) -> dict[str, str]:
+    """``weight_map`` of a safetensors index (tensor name -> shard file); ``ModelFileError`` naming the file if it has none."""
+    content = read_json(index, ModelFileError)
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ModelFileError(f"{index}: has no weight_map object")
+    return weight_map
+
+
 def safetensors_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` of every weight in a local folder's safetensors files, one tensor at a time
     (``model.safetensors``, or the shards an index lists); FileNotFoundError when the folder has neither."""
@@ -120,7 +130,7 @@ def safetensors_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     folder = require_model_folder(path)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = sorted(set(safetensors_weight_map(index).values()))
     elif (folder / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:

@@ -40,6 +40,7 @@ from transformers import GenerationConfig
 
 from rlflow.models.preset_architectures import PRESET_ARCHITECTURE_REGISTRY
 from rlflow.models.tokenizer_builder import IM_END, PAD_TOKEN, train_tokenizer
+from rlflow.utils.text_files import FileFormatError, read_json
 
 PRESET_MARKER = "rlflow_preset.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", PRESET_MARKER)
@@ -173,7 +174,8 @@ def _reuse_existing(out: Path, spec: dict[str, Any]) -> bool:
     if missing:
         raise FileExistsError(f"{out} exists but is not a complete preset (missing {missing}); pass overwrite=True "
                               "(--overwrite) to replace it, or choose another folder")
-    built = _with_recorded_defaults(json.loads((out / PRESET_MARKER).read_text()), spec)
+    marker = read_json(out / PRESET_MARKER, error=FileFormatError, what="preset marker")
+    built = _with_recorded_defaults(marker if isinstance(marker, dict) else {}, spec)
     if built != spec:
         raise FileExistsError(f"{out} holds a preset built with {built}, not the requested {spec}; pass "
                               "overwrite=True (--overwrite) to rebuild it")

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlflow.models.hf_checkpoint import ModelFileError, error_summary
-from rlflow.utils.text_files import decode_utf8, parse_json, read_json
+from rlflow.models.hf_checkpoint import ModelFileError, error_summary, safetensors_weight_map
+from rlflow.utils.text_files import decode_utf8, parse_json
 
 _HEADER_LENGTH_BYTES = 8
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4,
@@ -32,10 +32,7 @@ Shapes = dict[str, list[int]]
 def safetensors_files(folder: Path) -> list[Path]:
     """The safetensors files of a model folder: the shards its index lists, or ``model.safetensors``; none for .bin."""
     if (folder / _INDEX).is_file():
-        index = read_json(folder / _INDEX, ModelFileError)
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict):
-            raise ModelFileError(f"{folder / _INDEX}: has no weight_map object")
+        weight_map = safetensors_weight_map(folder / _INDEX)
         files = [folder / name for name in sorted(set(weight_map.values()))]
         missing = [file.name for file in files if not file.is_file()]
         if missing:

@@ -11,7 +11,6 @@ included), so both backends cut responses by one rule.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -19,8 +18,10 @@ from typing import Iterable, Optional, Sequence
 import torch
 
 from rlflow.errors import UserError
+from rlflow.models.hf_checkpoint import ModelFileError
 from rlflow.protocol import DataProto
 from rlflow.rollout.sampling import Sampling
+from rlflow.utils.text_files import read_json
 
 PROMPT_OVERFLOW_POLICIES = ("error", "truncate_left")
 PROMPT_KEYS = ("input_ids", "attention_mask")
@@ -89,7 +90,8 @@ def eos_token_ids(model_path: str | Path, tokenizer) -> frozenset[int]:
         ids.add(int(tokenizer.eos_token_id))
     generation_config = Path(model_path) / "generation_config.json"
     if generation_config.is_file():
-        eos = json.loads(generation_config.read_text()).get("eos_token_id")
+        generation = read_json(generation_config, ModelFileError)
+        eos = generation.get("eos_token_id") if isinstance(generation, dict) else None
         ids.update(int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None)
     if not ids:
         raise ValueError(f"no EOS token id in the tokenizer or generation_config.json of {model_path}; set one")

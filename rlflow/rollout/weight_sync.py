@@ -19,7 +19,6 @@ Every path moves HF-named full tensors (``BaseEngine.export_hf_weights()``):
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +29,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVa
 
 import numpy as np
 import torch
+
+from rlflow.models.hf_checkpoint import safetensors_weight_map
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 MiB = 1 << 20
@@ -74,7 +75,7 @@ def checkpoint_weight_names(model_path: str | Path) -> Optional[frozenset[str]]:
     folder = Path(model_path)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        return frozenset(json.loads(index.read_text())["weight_map"])
+        return frozenset(safetensors_weight_map(index))
     single = folder / "model.safetensors"
     if not single.is_file():
         return None

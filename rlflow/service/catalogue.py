@@ -22,6 +22,7 @@ from rlflow.errors import UserError
 from rlflow.models.hf_checkpoint import require_model_folder
 from rlflow.models.loading import load_tokenizer
 from rlflow.rollout.processing import eos_token_ids
+from rlflow.utils.text_files import FileFormatError, read_json
 
 SCHEME = "tinker://"
 KINDS = ("weights", "sampler_weights")
@@ -127,5 +128,9 @@ class CheckpointFolders:
         file = self.model_dir(model_id) / MODEL_RECORD
         if not file.is_file():
             raise UnknownModelError(f"training client {model_id!r} was not created on this server")
-        record = json.loads(file.read_text())
-        return record["base_model"], LoraShape(int(record["rank"]), tuple(record["parts"]))
+        record = read_json(file, FileFormatError, "training client record")
+        try:
+            return record["base_model"], LoraShape(int(record["rank"]), tuple(record["parts"]))
+        except (KeyError, TypeError, ValueError):
+            raise FileFormatError(f"training client record {file}: not the record this server writes "
+                                  "(base_model, rank, parts); the file is damaged") from None

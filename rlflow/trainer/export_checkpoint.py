@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlflow.engines import BaseEngine, ENGINE_REGISTRY
 from rlflow.engines.common.checkpoint.checkpoint_reader import read_model_weights
-from rlflow.engines.common.checkpoint.checkpointing import HF_CONFIG_DIR, META_FILE, resolve_checkpoint_dir
+from rlflow.engines.common.checkpoint.checkpointing import HF_CONFIG_DIR, META_FILE, read_meta, resolve_checkpoint_dir
 from rlflow.engines.common.checkpoint.hf_export import EXPORT_MARKER, write_hf_folder, write_peft_adapter_folder
 from rlflow.engines.common.checkpoint.lora_export import adapter_tensors
 from rlflow.engines.common.forward.lora import ADAPTER_CONFIG_FILE
@@ -38,7 +38,6 @@ from rlflow.errors import CheckpointError, UserError
 from rlflow.trainer.checkpoint import DRIVER_STATE, CheckpointManager
 from rlflow.trainer.checkpoint_manifest import manifest_problem
 from rlflow.utils.output_paths import check_output_folder
-from rlflow.utils.text_files import read_json
 
 __all__ = ["export_checkpoint", "main"]
 
@@ -125,9 +124,7 @@ def export_checkpoint(checkpoint: Path, out: Path, role: Optional[str] = None, m
     """Write the HF folder ``out`` from ``checkpoint`` (see the module doc); returns the engine folder read."""
     _check_out(out)  # before any checkpoint file is read
     folder = _engine_folder(checkpoint, role)
-    meta = read_json(folder / META_FILE, CheckpointError, "checkpoint file")
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"checkpoint file {folder / META_FILE}: holds no JSON object; the checkpoint is damaged")
+    meta = read_meta(folder)
     model_kind = meta.get("model_kind")
     if model_kind not in MODEL_KIND_REGISTRY:
         raise CheckpointError(f"checkpoint {folder}: model kind {model_kind!r} is not one of {MODEL_KIND_REGISTRY.names()}")

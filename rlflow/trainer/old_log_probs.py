@@ -18,14 +18,15 @@ log-probs are the rollout's own (no pass at all: ``RolloutCorrection`` in ``phas
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
 from rlflow.algos.rollout_correction import BYPASS, DECOUPLED, correction_mode, correction_settings
+from rlflow.models.hf_checkpoint import ModelFileError
 from rlflow.protocol import DataProto
+from rlflow.utils.text_files import read_json
 
 # Model config keys whose non-zero value makes a training-mode forward differ from an
 # evaluation-mode one (the separate pass runs in evaluation mode, the update in training mode).
@@ -68,7 +69,8 @@ def train_mode_only_settings(model_path: str | Path) -> dict[str, float]:
                     and any(part in key.lower() for part in TRAIN_MODE_ONLY_KEY_PARTS):
                 found[f"{prefix}{key}"] = float(value)
 
-    walk(json.loads(config_file.read_text()), "")
+    model_config = read_json(config_file, ModelFileError, "model file")
+    walk(model_config if isinstance(model_config, dict) else {}, "")
     return found
 
 

@@ -21,6 +21,7 @@ from rlflow.config import ConfigError
 from rlflow.data.rl_dataset import build_rl_loader
 from rlflow.data.sampler import BatchLoader
 from rlflow.data.tasks.corpus import tokenizer_corpus
+from rlflow.engines.common.optim.lr_schedulers import fit_schedule_to_run
 from rlflow.models.ensure import ensure_model
 from rlflow.models.loading import load_tokenizer
 from rlflow.rewards.manager import RewardManager
@@ -105,13 +106,15 @@ def check_batch_sizes(config: DictConfig, plan: RunPlan) -> None:
 
 
 def fill_derived_config(config: DictConfig, total_steps: int) -> None:
-    """The LR schedule length of each engine (``lr_scheduler.total_steps: 0``) from the run's length."""
-    updates_per_step = config.data.train_batch_size // config.actor.ppo_mini_batch_size * config.actor.ppo_epochs
+    """The LR schedule of each trained engine fitted to the run's optimizer steps (``fit_schedule_to_run``)."""
     with open_dict(config):
         for role in ("actor", "critic"):
-            schedule = config[role].engine.lr_scheduler
-            if schedule.total_steps == 0:
-                schedule.total_steps = total_steps * updates_per_step
+            mini_batches = max(1, config.data.train_batch_size // config[role].ppo_mini_batch_size)
+            updates_per_step = mini_batches * config[role].ppo_epochs
+            note = fit_schedule_to_run(config[role].engine.lr_scheduler, total_steps * updates_per_step,
+                                       f"{role}.engine.lr_scheduler")
+            if note is not None:
+                logger.warning(note)
 
 
 def start_roles(setup: PPOSetup) -> PhaseContext:

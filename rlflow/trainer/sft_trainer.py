@@ -31,6 +31,7 @@ from rlflow.config import ConfigError
 from rlflow.data.files import resolve_files
 from rlflow.data.sampler import BatchLoader, build_loader
 from rlflow.data.sft_dataset import SFTDataset, build_sft_loader
+from rlflow.engines.common.optim.lr_schedulers import fit_schedule_to_run
 from rlflow.models.loading import load_tokenizer
 from rlflow.observability.tracking import Tracking
 from rlflow.protocol import DataProto
@@ -108,9 +109,9 @@ def prepare_sft_run(config: DictConfig, model_path: Path, world_size: int) -> SF
     engine_config = OmegaConf.to_container(config.engine, resolve=True)
     if engine_config.get("device", "auto") == "auto":
         engine_config["device"] = config.trainer.device
-    schedule = engine_config.setdefault("lr_scheduler", {})
-    if not schedule.get("total_steps"):
-        schedule["total_steps"] = total_steps  # decaying schedules span the run unless told otherwise
+    note = fit_schedule_to_run(engine_config.setdefault("lr_scheduler", {}), total_steps, "engine.lr_scheduler")
+    if note is not None:
+        logger.warning(note)
     return SFTRun(train_loader, val_loader, engine_config, total_steps, DivergenceGuard.from_config(config))
 
 

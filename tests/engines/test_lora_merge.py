@@ -9,6 +9,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from rlflow.engines.common.checkpoint.lora_export import merged_peft_folder
+from rlflow.errors import CheckpointError
 from rlflow.models.hf_checkpoint import safetensors_weights
 
 
@@ -37,3 +38,19 @@ def test_an_adapter_folder_of_another_model_is_refused(model_path, tmp_path):
     renamed = ((name.replace("layers.0.", "layers.99."), tensor) for name, tensor in safetensors_weights(model_path))
     with pytest.raises(ValueError, match="match no weight of the base model"):
         list(merged_peft_folder(renamed, tmp_path / "adapter"))
+
+
+@pytest.mark.parametrize("config_text,words", [
+    ('{"r": 4, "lora_alpha"', "not valid JSON at line 1"),
+    ('{"r": 0, "lora_alpha": 8}', "needs numbers 'lora_alpha' and 'r' > 0"),
+    ('["r", 4]', "needs numbers 'lora_alpha' and 'r' > 0"),
+])
+def test_a_damaged_adapter_config_is_one_line_naming_it(model_path, tmp_path, config_text, words):
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(tmp_path / "adapter")
+    (tmp_path / "adapter" / "adapter_config.json").write_text(config_text)
+    with pytest.raises(CheckpointError) as error:
+        list(merged_peft_folder(safetensors_weights(model_path), tmp_path / "adapter"))
+    message = str(error.value)
+    assert message.startswith(f"adapter config {tmp_path / 'adapter' / 'adapter_config.json'}: ") and words in message
+    assert "\n" not in message

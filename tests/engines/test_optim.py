@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from engine_testlib import toy_backward, toy_stepper
 from rlflow.engines import EngineConfigError
-from rlflow.engines.common.optim.lr_schedulers import LR_SCHEDULE_REGISTRY, LRSchedule
+from rlflow.engines.common.optim.lr_schedulers import LR_SCHEDULE_REGISTRY, LRSchedule, fit_schedule_to_run
 from rlflow.engines.common.optim.offload import HOST, HostOffload
 from rlflow.engines.common.optim.optimizers import build_adamw, clean_param_name, no_decay_names
 from rlflow.engines.config import ADAMW_IMPLEMENTATIONS, EngineConfig, LRSchedulerConfig, OptimizerConfig, config_from_mapping
@@ -33,6 +33,22 @@ def test_warmup_starts_above_zero_and_decays_to_floor() -> None:
     assert [linear.multiplier(s) for s in (0, 5, 10)] == pytest.approx([1.0, 0.5, 0.0])
     constant = LRSchedule(LRSchedulerConfig(name="constant", warmup_steps=2), base_lr=1.0)
     assert [constant.multiplier(s) for s in (0, 1, 2, 100)] == [0.5, 1.0, 1.0, 1.0]
+
+
+def test_a_schedule_is_fitted_to_the_run_before_any_worker_starts() -> None:
+    derived = {"name": "cosine", "warmup_steps": 20, "total_steps": 0}  # the SFT default in a 5-step smoke run
+    note = fit_schedule_to_run(derived, 5, "engine.lr_scheduler")
+    assert derived == {"name": "cosine", "warmup_steps": 4, "total_steps": 5}
+    assert note == ("engine.lr_scheduler.warmup_steps=20 does not end within the run's 5 optimizer steps; "
+                    "warming up over 4")
+    LRSchedule(LRSchedulerConfig(**derived), 1.0)  # the fitted schedule runs
+    fits = {"name": "cosine", "warmup_steps": 2, "total_steps": 0}
+    assert fit_schedule_to_run(fits, 10, "actor.engine.lr_scheduler") is None and fits["total_steps"] == 10
+    constant = {"name": "constant", "warmup_steps": 20, "total_steps": 0}  # no decay: any warmup runs
+    assert fit_schedule_to_run(constant, 3, "engine.lr_scheduler") is None and constant["warmup_steps"] == 20
+    with pytest.raises(EngineConfigError, match=r"^config key 'actor.engine.lr_scheduler.total_steps': .*must exceed "
+                                                r"warmup_steps=8; got total_steps=6; raise it, or set 0"):
+        fit_schedule_to_run({"name": "linear", "warmup_steps": 8, "total_steps": 6}, 100, "actor.engine.lr_scheduler")
 
 
 def test_schedule_errors_and_registry() -> None:

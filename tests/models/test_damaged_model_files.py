@@ -43,12 +43,22 @@ def _bad_header(folder: Path) -> None:
     weights.write_bytes(bytes(data))
 
 
+def _cut_generation_config(folder: Path) -> None:
+    (folder / "generation_config.json").write_text('{"eos_token_id": [')
+
+
+def _index_without_map(folder: Path) -> None:
+    (folder / "model.safetensors.index.json").write_text('{"metadata": {}}')
+
+
 DAMAGES: dict[str, tuple[Callable[[Path], None], str, str]] = {  # name -> (damage, key, words)
     "truncated-weights": (_truncate, "model.path", "model.safetensors: cut short at byte "),
     "cut-config": (_cut_config, "model.path", "config.json: not valid JSON at line "),
     "garbage-tokenizer": (_garbage_tokenizer, "model.path", "tokenizer.json: not valid JSON at line 1, column 1 (character 0)"),
     "other-vocab": (_other_vocab, "model.path", "in the weight files but"),
     "bad-header": (_bad_header, "model.path", "model.safetensors: not valid JSON at line 1, column 1"),
+    "cut-generation-config": (_cut_generation_config, "model.path", "generation_config.json: not valid JSON at line 1"),
+    "index-without-map": (_index_without_map, "model.path", "model.safetensors.index.json: has no weight_map object"),
 }
 
 

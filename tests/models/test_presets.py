@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 from rlflow.data.presets import main
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.models.presets import PRESETS, build_preset, count_saved_parameters, preset_options
+from rlflow.utils.text_files import FileFormatError
 
 USER_PROMPT = "What is 123+456? Answer with the number after ####."
 SOLUTION = "123+456=579\n#### 579"
@@ -162,3 +163,10 @@ def test_presets_are_a_registry_with_keyword_overrides(tmp_path):
     assert (config["hidden_size"], config["num_hidden_layers"], config["tie_word_embeddings"]) == (64, 1, True)
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_a_damaged_preset_marker_is_one_line_naming_it(tmp_path):
+    out = build_preset(tmp_path / "p", tokenizer_corpus(), seed=0)
+    (out / "rlflow_preset.json").write_text('{"preset": "tiny", "seed"')
+    with pytest.raises(FileFormatError, match=r"^preset marker .*rlflow_preset\.json: not valid JSON at line 1.*cut off"):
+        build_preset(out, tokenizer_corpus(), seed=0)

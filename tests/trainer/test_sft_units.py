@@ -9,11 +9,12 @@ import torch
 
 from rlflow.config import ConfigError
 from rlflow.engines import LossContext
+from rlflow.engines.config import EngineConfigError
 from rlflow.protocol import DataProto
 from rlflow.roles.sft_worker import sft_loss
-from rlflow.trainer.sft_trainer import SFTRun, SFTTrainer, pad_batch_without_loss, total_training_steps
+from rlflow.trainer.sft_trainer import SFTRun, SFTTrainer, pad_batch_without_loss, prepare_sft_run, total_training_steps
 from rlflow.workers import MeshTable
-from sft_testlib import sft_config
+from sft_testlib import sft_assets, sft_config
 
 
 def trainer_config(**values):
@@ -73,3 +74,18 @@ def test_batch_size_must_split_evenly_over_data_parallel_ranks(tmp_path):
     SFTTrainer(config, _GroupOfDP(3), run)
     with pytest.raises(ConfigError, match=r"data.train_batch_size.*6.*data-parallel size 4"):
         SFTTrainer(config, _GroupOfDP(4), run)
+
+
+def test_a_smoke_run_shorter_than_the_default_warmup_fits_its_schedule(tmp_path, caplog):
+    """The SFT default (cosine, 20 warmup steps) under a 3-step smoke run: shortened before any worker starts, with
+    a line saying so; an explicit total_steps the schedule cannot use is one line naming the key."""
+    assets = sft_assets()
+    base = [f"trainer.default_local_dir={tmp_path}", f"data.train_files=[{assets.data['sft_train']}]",
+            "data.val_files=[]", f"model.path={assets.model}", "trainer.total_training_steps=3"]
+    with caplog.at_level("WARNING"):
+        run = prepare_sft_run(sft_config(base), assets.model, 1)
+    schedule = run.engine_config["lr_scheduler"]
+    assert (schedule["name"], schedule["warmup_steps"], schedule["total_steps"]) == ("cosine", 2, 3)
+    assert "engine.lr_scheduler.warmup_steps=20 does not end within the run's 3 optimizer steps" in caplog.text
+    with pytest.raises(EngineConfigError, match=r"^config key 'engine.lr_scheduler.total_steps': .*got total_steps=5"):
+        prepare_sft_run(sft_config(base + ["engine.lr_scheduler.total_steps=5"]), assets.model, 1)

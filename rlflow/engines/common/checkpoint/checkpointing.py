@@ -52,6 +52,7 @@ from rlflow.utils.durable import fsync_path, fsync_tree
 from rlflow.utils.logging import get_logger
 from rlflow.utils.safe_io import load_weights_only
 from rlflow.utils.seed import get_rng_state, set_rng_state, set_seed
+from rlflow.utils.text_files import read_json
 
 __all__ = [
     "HF_CONFIG_DIR",
@@ -130,7 +131,11 @@ def write_meta(folder: Path, meta: dict[str, Any], group: Optional[dist.ProcessG
 
 
 def read_meta(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / META_FILE).read_text())
+    """The engine metadata a checkpoint folder holds; ``CheckpointError`` naming the file if it is damaged."""
+    meta = read_json(folder / META_FILE, CheckpointError, "checkpoint file")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint file {folder / META_FILE}: holds no JSON object; the checkpoint is damaged")
+    return meta
 
 
 _SETUP_KEYS = ("engine", "model_kind", "world_size", "layout")

@@ -14,7 +14,6 @@ together), so at most one layer's tensors are held at a time.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
@@ -31,6 +30,8 @@ from rlflow.engines.common.forward.lora import (
 )
 from rlflow.engines.common.forward.models import FORWARD_PREFIX
 from rlflow.engines.common.optim.optimizers import clean_param_name
+from rlflow.errors import CheckpointError
+from rlflow.utils.text_files import read_json
 
 __all__ = ["adapter_tensors", "merged_lora_tensors", "merged_peft_folder"]
 
@@ -77,8 +78,12 @@ def merged_peft_folder(base: Iterable[tuple[str, torch.Tensor]], adapter_folder:
     belongs to another model).
     """
     folder = Path(adapter_folder)
-    config = json.loads((folder / ADAPTER_CONFIG_FILE).read_text())
-    scaling = float(config["lora_alpha"]) / float(config["r"])
+    config = read_json(folder / ADAPTER_CONFIG_FILE, CheckpointError, "adapter config")
+    try:
+        scaling = float(config["lora_alpha"]) / float(config["r"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        raise CheckpointError(f"adapter config {folder / ADAPTER_CONFIG_FILE}: needs numbers 'lora_alpha' and 'r' > 0 "
+                              "(a peft adapter folder)") from None
     adapters = load_file(str(folder / ADAPTER_WEIGHTS_FILE))
     for name, tensor in base:
         module = name.removesuffix(".weight")

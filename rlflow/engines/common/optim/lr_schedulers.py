@@ -7,17 +7,23 @@ After warmup the decay shape maps progress ``p`` in [0, 1] (0 at the first
 post-warmup step, 1 at ``total_steps``) to a multiplier between ``min_lr_ratio``
 and 1. Add a shape with ``@LR_SCHEDULE_REGISTRY.register("name", needs_total_steps=...)``
 (``needs_total_steps``: it uses progress, so ``total_steps`` must be set).
+
+A driver gives each trained engine's schedule the run's length before any worker starts
+(``fit_schedule_to_run``): ``total_steps: 0`` becomes the run's optimizer steps, and a warmup
+longer than a run whose length was derived (a short smoke run under the SFT default's 20 warmup
+steps) is shortened to fit, with a line saying so; a ``total_steps`` the user set that a decaying
+shape cannot use is refused there, naming the key.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable, MutableMapping, Optional
 
 from rlflow.engines.config import EngineConfigError, LRSchedulerConfig
 from rlflow.utils.registry import Registry
 
-__all__ = ["LRSchedule", "LR_SCHEDULE_REGISTRY"]
+__all__ = ["LRSchedule", "LR_SCHEDULE_REGISTRY", "fit_schedule_to_run"]
 
 DecayShape = Callable[[float, float], float]  # (progress, min_lr_ratio) -> multiplier
 LR_SCHEDULE_REGISTRY: Registry[DecayShape] = Registry("LR schedule", "engine.lr_scheduler.name", error=EngineConfigError)
@@ -38,17 +44,43 @@ def _cosine(progress: float, min_lr_ratio: float) -> float:
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def _schedule_problem(name: str, warmup_steps: int, total_steps: int) -> Optional[str]:
+    """Why a schedule of shape ``name`` cannot run (a decaying shape's ``total_steps`` not past its warmup), or None."""
+    if LR_SCHEDULE_REGISTRY.metadata(name)["needs_total_steps"] and total_steps <= warmup_steps:
+        return (f"lr_scheduler.name={name} decays over lr_scheduler.total_steps, which must exceed "
+                f"warmup_steps={warmup_steps}; got total_steps={total_steps}")
+    return None
+
+
+def fit_schedule_to_run(schedule: MutableMapping[str, Any], run_steps: int, key: str) -> Optional[str]:
+    """Give one engine's ``lr_scheduler`` node (at config key ``key``) the run's ``run_steps`` optimizer steps.
+
+    ``total_steps: 0`` becomes ``run_steps``; a decaying shape's warmup that would not end before then is
+    shortened to ``run_steps - 1`` steps and the returned line says so. A ``total_steps`` the user set that the
+    shape cannot use raises ``EngineConfigError`` naming ``key``. Returns None when nothing was shortened.
+    """
+    name, warmup = str(schedule.get("name", "constant")), int(schedule.get("warmup_steps", 0))
+    derived = not schedule.get("total_steps")
+    if derived:
+        schedule["total_steps"] = run_steps
+    problem = _schedule_problem(name, warmup, int(schedule["total_steps"]))
+    if problem is None:
+        return None
+    if not derived:
+        raise EngineConfigError(f"config key '{key}.total_steps': {problem}; raise it, or set 0 (the run's length)")
+    schedule["warmup_steps"] = max(run_steps - 1, 0)
+    return (f"{key}.warmup_steps={warmup} does not end within the run's {run_steps} optimizer steps; "
+            f"warming up over {schedule['warmup_steps']}")
+
+
 class LRSchedule:
     """The LR of each optimizer step; counts steps and checkpoints that count."""
 
     def __init__(self, config: LRSchedulerConfig, base_lr: float) -> None:
         self.decay_shape = LR_SCHEDULE_REGISTRY.get(config.name)
-        needs_total_steps = LR_SCHEDULE_REGISTRY.metadata(config.name)["needs_total_steps"]
-        if needs_total_steps and config.total_steps <= config.warmup_steps:
-            raise EngineConfigError(
-                f"lr_scheduler.name={config.name} decays over lr_scheduler.total_steps, which must exceed "
-                f"warmup_steps={config.warmup_steps}; got total_steps={config.total_steps}"
-            )
+        problem = _schedule_problem(config.name, config.warmup_steps, config.total_steps)
+        if problem is not None:
+            raise EngineConfigError(problem)
         self.config = config
         self.base_lr = base_lr
         self.step_count = 0
