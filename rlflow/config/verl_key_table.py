@@ -259,7 +259,8 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
 RUN_ROWS: list[Row] = [
     *((f"trainer.{key}", f"trainer.{key}", "") for key in (
         "project_name", "experiment_name", "total_epochs", "total_training_steps", "test_freq", "save_freq",
-        "resume_mode", "resume_from_path", "nnodes")),
+        "resume_from_path", "nnodes")),
+    ("trainer.resume_mode", "trainer.resume_mode", "verl's resume_path is rlflow's path; auto and disable are the same"),
     ("trainer.logger", "trainer.logger", "console | jsonl | wandb | tensorboard"),
     ("trainer.device", "trainer.device", "auto | cpu | cuda; verl's default cuda, rlflow's auto"),
     ("trainer.default_local_dir", "trainer.default_local_dir", "rlflow's default is under outputs/"),

@@ -43,10 +43,15 @@ ACTOR, OPTIM = "actor_rollout_ref.actor.", "actor_rollout_ref.actor.optim."
 CORRECTION, LOG_PROBS = "algorithm.rollout_correction.", "actor_rollout_ref.rollout.calculate_log_probs=True"
 BYPASS_CONTEXT = [LOG_PROBS, f"{ACTOR}policy_loss.loss_mode=vanilla"]  # bypass mode replaces a vanilla loss only
 WARMUP_CONTEXT = ["trainer.total_training_steps=10", "data.train_batch_size=8", f"{ACTOR}ppo_mini_batch_size=2"]
+WALK_REWARD = str(Path(__file__).with_name("walk_reward.py"))  # config loading imports it and checks the functions
 SPECIAL: dict[str, tuple[list[str], Any, dict[str, Any]]] = {
     "hybrid_engine": ([], False, {"ppo_trainer": "split"}),
-    "custom_reward_function.path": ([], "/walk/fn.py", {"ppo_trainer": "/walk/fn.py:compute_score"}),
-    "custom_reward_function.name": (["custom_reward_function.path=/walk/fn.py"], "walk_fn", {"ppo_trainer": "/walk/fn.py:walk_fn"}),
+    "custom_reward_function.path": ([], WALK_REWARD, {"ppo_trainer": f"{WALK_REWARD}:compute_score"}),
+    "custom_reward_function.name": ([f"custom_reward_function.path={WALK_REWARD}"], "walk_fn",
+                                    {"ppo_trainer": f"{WALK_REWARD}:walk_fn"}),
+    "trainer.resume_mode": ([], "resume_path", {"ppo_trainer": "path", "sft_trainer": "path"}),
+    "trainer.resume_from_path": (["trainer.resume_mode=resume_path"], "/walk/ckpt",  # read under resume_path only
+                                 {"ppo_trainer": "/walk/ckpt", "sft_trainer": "/walk/ckpt"}),
     "lr_warmup_steps_ratio": (WARMUP_CONTEXT, 0.3, {"ppo_trainer": 12, "sft_trainer": 3}),
     "lr_warmup_steps": ([], 7, {"ppo_trainer": 7, "sft_trainer": 7}),
     "optim.total_training_steps": ([], 9, {"ppo_trainer": 9, "sft_trainer": 9}),

@@ -175,7 +175,7 @@ def test_the_validate_check_asks_the_same_questions_and_creates_nothing(tmp_path
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     with pytest.raises(RunFolderError, match=r"^config key 'trainer.default_local_dir': .*a_file/run cannot be written: "
-                                             r".*a_file is a file, not a folder"):
+                                             r".*a_file is a file, so the path cannot be created"):
         check_run_folder(_config(tmp_path, f"trainer.default_local_dir={blocker / 'run'}"))
     user_folder = tmp_path / "mine"
     user_folder.mkdir()

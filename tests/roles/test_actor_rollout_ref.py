@@ -39,7 +39,7 @@ def rollout_vs_actor(worker: ActorRolloutRef, prompts: DataProto) -> tuple[DataP
 
 @pytest.mark.parametrize("engine", engine_params())
 def test_the_rollout_follows_the_actor_only_through_sync_weights(models, engine, worker_env):
-    config = role_config(models.causal, engine)
+    config = role_config(models.causal, engine, "rollout.calculate_log_probs=true")  # the samples' own log-probs
     worker = ActorRolloutRef(config.actor, config.rollout, str(models.causal), config.ref)
     prompts = greedy_prompts(models.vocab)
     samples, gap = rollout_vs_actor(worker, prompts)

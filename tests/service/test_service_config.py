@@ -62,10 +62,14 @@ def test_the_command_exits_2_with_one_line_before_ray_starts(tmp_path):
 
 
 def test_validate_checks_models_port_and_checkpoint_folder_and_creates_nothing(tiny_model, tmp_path):
-    overrides = ["service.api_keys=[tml-a]", f"service.models.tiny={tiny_model}", "service.port=0"]
+    with socket.socket() as probe:  # a port free a moment ago: the check binds it and lets go
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    overrides = ["service.api_keys=[tml-a]", f"service.models.tiny={tiny_model}", f"service.port={port}"]
     SERVICE_ENTRY.preflight(compose_service_config(overrides + [f"service.checkpoint_dir={tmp_path / 'new' / 'ckpt'}"]))
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "a_file").write_text("")
     message = one_line_error(lambda o: SERVICE_ENTRY.preflight(compose_service_config(o)),
                              overrides + [f"service.checkpoint_dir={tmp_path / 'a_file' / 'ckpt'}"])
-    assert message.startswith("config key 'service.checkpoint_dir': ") and "a_file is a file, so the path cannot be created" in message
+    assert message.startswith("config key 'service.checkpoint_dir': ")
+    assert "a_file is a file, so the path cannot be created" in message

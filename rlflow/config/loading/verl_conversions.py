@@ -66,6 +66,16 @@ def _engine_pick(args: VerlArgs, verl_key: str, ours: str, value: Any) -> Conver
     return Conversion([(mount, ENGINE_NAMES[value])], f"the engine is picked by name: {mount}={ENGINE_NAMES[value]}")
 
 
+VERL_RESUME_MODES = {"resume_path": "path"}  # verl's resume_mode values rlflow spells otherwise (auto, disable: same)
+
+
+@converts("trainer.resume_mode")
+def _resume_mode(args: VerlArgs, verl_key: str, ours: str, value: Any) -> Conversion:
+    if value in VERL_RESUME_MODES:
+        return Conversion([(ours, VERL_RESUME_MODES[value])], f"verl's {value} is rlflow's {VERL_RESUME_MODES[value]}")
+    return Conversion([(ours, value)])
+
+
 @converts("hybrid_engine")
 def _placement(args: VerlArgs, verl_key: str, ours: str, value: Any) -> Conversion:
     return Conversion([(ours, "colocated" if value else "split")], "true: colocated roles; false: a pool per role")
