@@ -12,7 +12,8 @@ the train/inference log-prob mismatch at fp32 noise (issue 14).
 disabled adapters, merged weights synced into vLLM) must gain at least half of what the full
 fine-tuning run gained, from the same warm start in as many steps (issue 19).
 
-MARGIN: docs/demo.md has the measurements behind it.
+MARGIN: docs/demo.md has the measurements behind it. The torchtitan and megatron runs are in the
+``full`` tier (``make test-full``); each starts only when its test runs.
 """
 
 from __future__ import annotations
@@ -37,28 +38,33 @@ def _warm_start_env(demo, out: Path) -> dict[str, str]:
             "STEPS": str(demo.grpo_steps), "SEED": demo.knobs["DEMO_SEED"]}
 
 
+def _recipe_run(demo, tmp_path_factory, name: str, script: str, env: dict[str, str]):
+    """A recipe run from the demo's warm start, started when a test first asks for it, killed after the module."""
+    out = tmp_path_factory.mktemp(name) / name
+    process = RecipeProcess(REPO / "recipes" / script, {**_warm_start_env(demo, out), **env}, (), out.with_suffix(".log"))
+    yield out, process
+    process.kill()
+
+
 @pytest.fixture(scope="module")
-def one_worker_runs(demo, tmp_path_factory):
-    """The torchtitan run and the LoRA run, started together: each trains in one worker process, so on a 2-core
-    machine the two take about the wall time of one. Each test waits for its own; both stop after the module."""
-    root = tmp_path_factory.mktemp("one_worker_runs")
-    runs = {"torchtitan": (root / "grpo_torchtitan", REPO / "recipes" / "grpo_tiny_cpu.sh", {"ENGINE": "torchtitan"}),
-            "lora": (root / "grpo_lora", REPO / "recipes" / "grpo_lora_tiny_cpu.sh", {})}
-    started = {name: (out, RecipeProcess(script, {**_warm_start_env(demo, out), **env}, (), out.with_suffix(".log")))
-               for name, (out, script, env) in runs.items()}
-    yield started
-    for _, process in started.values():
-        process.kill()
+def torchtitan_run(demo, tmp_path_factory):
+    yield from _recipe_run(demo, tmp_path_factory, "grpo_torchtitan", "grpo_tiny_cpu.sh", {"ENGINE": "torchtitan"})
 
 
-def test_grpo_on_the_torchtitan_engine_learns_as_much(one_worker_runs):
-    out, process = one_worker_runs["torchtitan"]
+@pytest.fixture(scope="module")
+def lora_run(demo, tmp_path_factory):
+    yield from _recipe_run(demo, tmp_path_factory, "grpo_lora", "grpo_lora_tiny_cpu.sh", {})
+
+
+@pytest.mark.full  # make test: torchtitan's GRPO at TP2 (tests/ppo/test_tensor_parallel_rl.py) and its parity suites
+def test_grpo_on_the_torchtitan_engine_learns_as_much(torchtitan_run):
+    out, process = torchtitan_run
     process.wait()
     assert_learns(read_metrics(out))
 
 
-def test_grpo_with_lora_gains_at_least_half_of_full_fine_tuning(demo, one_worker_runs):
-    out, process = one_worker_runs["lora"]
+def test_grpo_with_lora_gains_at_least_half_of_full_fine_tuning(demo, lora_run):
+    out, process = lora_run
     log = process.wait()
     full, lora = demo.metrics("grpo"), read_metrics(out)
     assert lora[0][VAL_ACCURACY] == full[0][VAL_ACCURACY], "the runs did not start from the same warm start"
@@ -72,6 +78,7 @@ def test_grpo_with_lora_gains_at_least_half_of_full_fine_tuning(demo, one_worker
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.full  # make test: megatron's GRPO at TP2 trains and syncs (tests/ppo/test_megatron_rl.py)
 def test_grpo_on_the_megatron_engine_at_tp2_learns_as_much(demo, tmp_path):
     out = tmp_path / "grpo_megatron_tp2"
     tp2 = ["trainer.n_procs_per_node=2", "actor.engine.tensor_model_parallel_size=2",

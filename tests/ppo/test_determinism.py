@@ -14,6 +14,7 @@ import pytest
 from conftest import base_overrides, comparable, read_jsonl, run_main_ppo
 
 
+@pytest.mark.full  # make test: the SIGKILL resume test reproduces an uninterrupted run's metrics exactly
 @pytest.mark.timeout(900)
 def test_same_seed_twice_gives_identical_metrics_at_world_size_two(tiny_model, addition_data, tmp_path):
     runs = {}

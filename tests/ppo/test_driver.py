@@ -29,12 +29,15 @@ def resume_overrides(model: Path, data: Path, run_dir: Path) -> list[str]:
 
 def kill_after_checkpoint(overrides: list[str], checkpoint: Path, timeout: float = 600) -> None:
     """Start main_ppo and SIGKILL it as soon as ``checkpoint`` is complete."""
-    proc = subprocess.Popen([sys.executable, "-m", "rlflow.trainer.main_ppo", *overrides], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log_path = checkpoint.parent.with_suffix(".log")  # a file, not a pipe: the run never blocks on a full pipe
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "rlflow.trainer.main_ppo", *overrides], cwd=REPO,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
     try:
         while not (checkpoint / "driver_state.pt").is_file():
-            assert proc.poll() is None, f"main_ppo exited with {proc.returncode} before writing {checkpoint}"
+            assert proc.poll() is None, (f"main_ppo exited with {proc.returncode} before writing {checkpoint}:\n"
+                                         f"{log_path.read_text()[-4000:]}")
             assert time.monotonic() < deadline, "no checkpoint in time"
             time.sleep(0.2)
     finally:

@@ -113,6 +113,7 @@ def run_translated(name: str, files: dict[str, Path], folder: Path) -> Path:
     return run_dir
 
 
+@pytest.mark.full  # with the six PPO scripts' runs; make test validates all seven translations
 def test_the_translated_peft_sft_script_runs_a_step(local_files, tmp_path):
     run_dir = run_translated("sft_peft", local_files, tmp_path)
     assert (run_dir / "hf" / "config.json").is_file()

@@ -28,6 +28,7 @@ def gsm8k_rows(count: int, offset: int) -> list[dict]:
     return rows
 
 
+@pytest.mark.full  # make test: rlflow-data's gsm8k conversion and verl's val metric names have unit tests
 @pytest.mark.timeout(600)
 def test_gsm8k_parquet_from_rlflow_data_trains_two_grpo_steps_with_verl_val_metric(tiny_model, tmp_path):
     src = tmp_path / "gsm8k"

@@ -44,6 +44,7 @@ def test_grpo_with_megatron_at_tp2_trains_and_syncs(tiny_model, addition_data, t
     AutoModelForCausalLM.from_pretrained(run_dir / "hf")
 
 
+@pytest.mark.full  # make test: megatron's GRPO at TP2 here, and the critic on FSDP2 (tests/ppo/test_driver.py)
 def test_ppo_with_the_critic_on_megatron_too(tiny_model, addition_data, tmp_path):
     ppo = ["algorithm=ppo", "critic.engine=megatron", "critic.engine.tensor_model_parallel_size=2",
            "critic.ppo_mini_batch_size=2", "critic.engine.optimizer.lr=1e-3"]

@@ -186,7 +186,9 @@ def test_samples_sent_at_once_run_batched_and_each_gets_the_hf_greedy_answer_to_
     assert len(sizes) == len(prompts) and max(sizes) > 1, f"the requests ran in calls of {sizes}"
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+# make test learns on fsdp2; every other LoRA engine in make test-full (each trains like peft in the tests above).
+@pytest.mark.parametrize("engine", [pytest.param(name, marks=[] if name == "fsdp2" else [pytest.mark.full])
+                                    for name in ENGINES])
 def test_rl_loop_raises_the_val_reward_on_the_demo_task(services, demo, engine):
     service, client = _client(services(engine), base_model="warm")
     tokenizer = client.get_tokenizer()
@@ -205,6 +207,7 @@ def test_rl_loop_raises_the_val_reward_on_the_demo_task(services, demo, engine):
     assert after >= before + 0.03, f"val reward {before:.3f} -> {after:.3f}"
 
 
+@pytest.mark.full  # builds .venv-cookbook (pip) first; make test drives the same loops through the SDK above
 def test_tinker_cookbook_arithmetic_rl_recipe_runs_from_its_own_venv(services, demo, tmp_path):
     """tinker-cookbook 0.5.8's math_rl recipe (env=arithmetic), unmodified, in .venv-cookbook; only the base URL,
     the model name (the warm start's folder), the renderer and run sizes are set (docs/service.md)."""
