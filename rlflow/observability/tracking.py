@@ -7,7 +7,7 @@ is a ``Tracker`` subclass under ``@TRACKER_REGISTRY.register("name")``.
 
 | backend | writes |
 |---|---|
-| ``console`` | a tqdm progress bar with ETA (stderr) and one compact line of key metrics per step (stdout) |
+| ``console`` | a tqdm progress bar with ETA (stderr) and compact key-metric lines (stdout), about 50 a run (``console_shows``) |
 | ``jsonl`` | ``<output_dir>/metrics.jsonl``: one JSON object per step with every metric |
 | ``wandb`` | a wandb run under ``<output_dir>/wandb`` (offline with ``WANDB_MODE=offline``, online otherwise) |
 | ``tensorboard`` | event files under ``<output_dir>/tensorboard`` |
@@ -115,9 +115,19 @@ def format_step_line(metrics: dict[str, float], step: int, total_steps: Optional
     return " | ".join(parts)
 
 
+CONSOLE_STEP_LINES = 50  # about this many step lines a run on the console; the other trackers get every step
+
+
+def console_shows(step: int, total_steps: Optional[int], metrics: dict[str, Any]) -> bool:
+    """Whether the console prints ``step``'s line: the first and the last step, a step with validation metrics
+    (``val*`` keys), and every ``ceil(total_steps / CONSOLE_STEP_LINES)``-th step (every step without a total)."""
+    every = math.ceil(total_steps / CONSOLE_STEP_LINES) if total_steps else 1
+    return step <= 1 or step % every == 0 or step == total_steps or any(key.startswith("val") for key in metrics)
+
+
 @TRACKER_REGISTRY.register("console")
 class ConsoleTracker(Tracker):
-    """A progress bar with ETA on stderr and a compact key-metrics line per step on stdout."""
+    """A progress bar with ETA on stderr and a compact key-metrics line on stdout for the steps ``console_shows``."""
 
     def __init__(self, run: RunInfo):
         super().__init__(run)
@@ -130,7 +140,8 @@ class ConsoleTracker(Tracker):
             self.bar = tqdm(total=self.run.total_steps, initial=max(step - 1, 0), desc=self.run.experiment, unit="step",
                             file=sys.stderr, dynamic_ncols=True)
         self.bar.update(step - self.bar.n)
-        tqdm.write(format_step_line(numeric_metrics(metrics), step, self.run.total_steps), file=sys.stdout)
+        if console_shows(step, self.run.total_steps, metrics):
+            tqdm.write(format_step_line(numeric_metrics(metrics), step, self.run.total_steps), file=sys.stdout)
 
     def finish(self) -> None:
         if self.bar is not None:

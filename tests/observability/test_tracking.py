@@ -76,6 +76,15 @@ def test_console_prints_progress_bar_and_compact_metrics_line(tmp_path, capsys):
     assert "exp" in err and "2/5" in err and "<" in err  # tqdm bar: count, then elapsed<remaining (the ETA)
 
 
+def test_a_long_run_prints_about_fifty_step_lines_and_every_validation_step(tmp_path, capsys):
+    with Tracking("p", "exp", ["console", "jsonl"], output_dir=tmp_path, total_steps=200) as tracking:
+        for step in range(1, 201):
+            tracking.log({"loss": float(step), **({"val/loss": 1.0} if step == 7 else {})}, step=step)
+    shown = [int(line.split()[1].split("/")[0]) for line in capsys.readouterr().out.strip().splitlines()]
+    assert shown == sorted({1, 7, *range(4, 201, 4)})  # every 4th of 200 steps, the first, and the validation step
+    assert len(read_jsonl(tmp_path / JSONL_NAME)) == 200  # the files keep every step
+
+
 def test_wandb_offline_writes_a_run_directory(tmp_path):
     assert os.environ.get("WANDB_MODE") == "offline"  # set by tests/conftest.py; nothing leaves the machine
     with Tracking("rlflow-test", "exp", ["wandb"], config={"data": {"seed": 3}}, output_dir=tmp_path) as tracking:

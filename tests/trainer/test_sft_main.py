@@ -34,7 +34,7 @@ def test_main_sft_trains_on_ray_and_the_warm_start_beats_the_untrained_model(dem
     assert sum(losses[-20:]) / 20 < 0.25 * losses[0], f"train loss {losses[0]:.3f} -> {losses[-20:]}"
     assert sorted(val) == list(range(0, steps + 1, VAL_FREQ))
     assert val[steps] < val[VAL_FREQ] < val[0]
-    assert f"step {steps}/{steps}" in demo.log, "the console tracker prints a line per step"
+    assert f"step {steps}/{steps}" in demo.log, "the console tracker prints the last step's line"
     assert (run_dir / f"global_step_{steps}" / "driver_state.pt").is_file()
 
     val_prompts = demo.out / "data" / "val.parquet"
