@@ -27,12 +27,14 @@ import argparse
 import fnmatch
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Optional, Sequence
 
 from rlflow.errors import UserError
+from rlflow.utils.log_routing import LIBRARY_ENV, route_library_logs, worker_log_env
 
 METRICS_FILE = "metrics.jsonl"
 REWARD_KEY = "critic/score/mean"
@@ -314,6 +316,7 @@ def build_report(out: str | Path, runs: dict[str, Path], models: dict[str, Path]
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Command-line entry: build the report and print the summary table."""
+    os.environ.update(LIBRARY_ENV)  # before rlflow.rollout imports vLLM, which otherwise sets up its own console logging
     from rlflow.rollout import rollout_names
 
     parser = argparse.ArgumentParser(prog="python -m rlflow.observability.report", description=__doc__.splitlines()[0])
@@ -329,6 +332,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="decoder of the evaluation: vllm, hf (HF generate), or auto (vllm when installed)")
     parser.add_argument("--phase-times", default=None, help="file of 'name<TAB>seconds' lines (wall time per phase)")
     args = parser.parse_args(argv)
+    os.environ.update(worker_log_env(args.out))  # vLLM's INFO lines (three engines) go to <out>/logs/report.log
+    route_library_logs("report")
     try:
         summary = build_report(args.out, named_paths(args.run, "--run"), named_paths(args.model, "--model"), args.data,
                                read_phase_times(args.phase_times), args.max_new_tokens, args.limit, args.backend)

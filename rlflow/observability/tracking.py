@@ -7,7 +7,7 @@ is a ``Tracker`` subclass under ``@TRACKER_REGISTRY.register("name")``.
 
 | backend | writes |
 |---|---|
-| ``console`` | a tqdm progress bar with ETA (stderr) and compact key-metric lines (stdout), about 50 a run (``console_shows``) |
+| ``console`` | a tqdm progress bar with ETA (stderr) and compact key-metric lines (stdout), about 30 a run (``console_shows``) |
 | ``jsonl`` | ``<output_dir>/metrics.jsonl``: one JSON object per step with every metric |
 | ``wandb`` | a wandb run under ``<output_dir>/wandb`` (offline with ``WANDB_MODE=offline``, online otherwise) |
 | ``tensorboard`` | event files under ``<output_dir>/tensorboard`` |
@@ -115,7 +115,7 @@ def format_step_line(metrics: dict[str, float], step: int, total_steps: Optional
     return " | ".join(parts)
 
 
-CONSOLE_STEP_LINES = 50  # about this many step lines a run on the console; the other trackers get every step
+CONSOLE_STEP_LINES = 30  # about this many step lines a run on the console; the other trackers get every step
 
 
 def console_shows(step: int, total_steps: Optional[int], metrics: dict[str, Any]) -> bool:
@@ -231,8 +231,9 @@ class WandbTracker(Tracker):
         if resumed and self.last_step_file.exists():
             self.last_step = int(self.last_step_file.read_text().strip() or -1)
         write_atomic(self.id_file, run_id + "\n")
-        self.wandb_run = self.wandb.init(
-            project=run.project, name=run.experiment, config=run.config, dir=str(run.output_dir), id=run_id, resume="allow"
+        self.wandb_run = self.wandb.init(  # quiet: where the run is, not its 60-line history and summary at the end
+            project=run.project, name=run.experiment, config=run.config, dir=str(run.output_dir), id=run_id, resume="allow",
+            settings=self.wandb.Settings(quiet=True),
         )
 
     def log(self, metrics: dict[str, Any], step: int) -> None:

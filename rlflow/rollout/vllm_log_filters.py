@@ -7,7 +7,9 @@
 * Demoted to INFO (so they reach the run folder's log file, not the console; ``rlflow.utils.log_routing``):
   the notices vLLM prints on every CPU run about settings rlflow chooses on purpose (eager mode, no
   chunked prefill, its own seeds, its own thread count) or about optional CPU libraries (Triton,
-  tcmalloc, libiomp), and torch's ``reduce_op`` deprecation warning that vLLM's import triggers.
+  tcmalloc, libiomp), the notices of a second engine in one process (its kernels registered again,
+  ``VLLM_DIST_IDENT`` set by the first), and torch's ``reduce_op`` deprecation warning that vLLM's
+  import triggers.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ DEMOTED_NOTICES: dict[str, tuple[str, ...]] = {
     "vllm.platforms.cpu": ("Triton is not installed", "CPU backend prefers block_size"),
     "vllm.v1.worker.cpu_worker": ("libtcmalloc is not found", "libiomp is not found",
                                   "CPU backend doesn't allow to use `torch.set_num_threads`"),
+    # A second engine in one process (the report evaluates three models): vLLM's own CPU worker set the variable,
+    # and the engine's kernels are registered again.
+    "vllm.platforms.interface": ("Unknown vLLM environment variable detected: VLLM_DIST_IDENT",),
+    "vllm.triton_utils.dispatcher": ("Kernel ",),
 }
 
 
