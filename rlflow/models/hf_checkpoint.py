@@ -114,7 +114,8 @@ def error_summary(error: BaseException) -> str:
 
 
 def safetensors_weight_map(index: Path) -> dict[str, str]:
-    """``weight_map`` of a safetensors index (tensor name -> shard file); ``ModelFileError`` naming the file if it has none."""
+    """``weight_map`` of a safetensors index (tensor name -> shard file); ``ModelFileError`` naming the file if it
+    has none."""
     content = read_json(index, ModelFileError)
     weight_map = content.get("weight_map") if isinstance(content, dict) else None
     if not isinstance(weight_map, dict):

@@ -316,7 +316,7 @@ def build_report(out: str | Path, runs: dict[str, Path], models: dict[str, Path]
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Command-line entry: build the report and print the summary table."""
-    os.environ.update(LIBRARY_ENV)  # before rlflow.rollout imports vLLM, which otherwise sets up its own console logging
+    os.environ.update(LIBRARY_ENV)  # before rlflow.rollout imports vLLM, which would set up its own console logging
     from rlflow.rollout import rollout_names
 
     parser = argparse.ArgumentParser(prog="python -m rlflow.observability.report", description=__doc__.splitlines()[0])

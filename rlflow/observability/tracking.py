@@ -232,8 +232,8 @@ class WandbTracker(Tracker):
             self.last_step = int(self.last_step_file.read_text().strip() or -1)
         write_atomic(self.id_file, run_id + "\n")
         self.wandb_run = self.wandb.init(  # quiet: where the run is, not its 60-line history and summary at the end
-            project=run.project, name=run.experiment, config=run.config, dir=str(run.output_dir), id=run_id, resume="allow",
-            settings=self.wandb.Settings(quiet=True),
+            project=run.project, name=run.experiment, config=run.config, dir=str(run.output_dir), id=run_id,
+            resume="allow", settings=self.wandb.Settings(quiet=True),
         )
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
