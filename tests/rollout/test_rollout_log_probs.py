@@ -59,9 +59,9 @@ def test_without_calculate_log_probs_no_log_probs_are_computed(rollout, tokenize
     monkeypatch.setattr(rollout, "calculate_log_probs", False)
     requested = []
     if rollout.config.name == "vllm":
-        generate = rollout._llm.generate
-        monkeypatch.setattr(rollout._llm, "generate", lambda requests, params, **kw: requested.extend(
-            p.logprobs for p in params) or generate(requests, params, **kw))
+        add_request = rollout._llm.llm_engine.add_request
+        monkeypatch.setattr(rollout._llm.llm_engine, "add_request", lambda request_id, prompt, params, **kw: requested.append(
+            params.logprobs) or add_request(request_id, prompt, params, **kw))
     else:
         config = rollout._generation_config(resolve_sampling(sampling, rollout.config.response_length))
         requested += [config.output_scores, config.output_logits]
