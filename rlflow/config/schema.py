@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
+from rlflow.config.multi_turn_schema import MultiTurnConfig
 from rlflow.config.ranges import (AT_LEAST_1, FINITE, FRACTION, NON_NEGATIVE, OFF_OR_AT_LEAST_1, POSITIVE, SEED, Range,
                                   Ranges)
 
@@ -185,6 +186,7 @@ class RolloutConfig:
     trust_remote_code: bool = False  # loads may run code shipped in the folder (YAML: model's)
     debug_skip_weight_sync_steps: int = 0  # TEST ONLY: skip the first N weight syncs (a deliberately stale rollout)
     val_kwargs: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=1, temperature=0.0, do_sample=False))
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # agent loops and tools (docs/agents.md)
 
     RANGES: ClassVar[Ranges] = {
         **SamplingConfig.RANGES, "prompt_length": AT_LEAST_1, "response_length": AT_LEAST_1, "max_model_len": AT_LEAST_1,

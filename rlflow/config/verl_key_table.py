@@ -185,7 +185,20 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (f"{ROLLOUT}layered_summon", None, "the weight sync streams HF-named tensors a bucket at a time "
                                            "(rollout.weight_sync_bucket_mb)"),
         (f"{ROLLOUT}checkpoint_engine.update_weights_bucket_megabytes", "rollout.weight_sync_bucket_mb", ""),
-        (f"{ROLLOUT}multi_turn.*", None, "single-turn rollouts: no multi-turn or tool-calling loop"),
+        (f"{ROLLOUT}multi_turn.enable", "rollout.multi_turn.enable", "each row runs its agent loop (docs/agents.md)"),
+        *((f"{ROLLOUT}multi_turn.{key}", f"rollout.multi_turn.{key}", "") for key in (
+            "max_assistant_turns", "max_user_turns", "max_parallel_calls", "max_tool_response_length",
+            "tool_response_truncate_side", "format")),
+        (f"{ROLLOUT}multi_turn.tool_config_path", None, "tools are registered classes: list them in "
+                                                        "rollout.multi_turn.tools, options in rollout.multi_turn.tool_options"),
+        (f"{ROLLOUT}multi_turn.interaction_config_path", None, "register an Env and run the env_agent loop (docs/agents.md)"),
+        (f"{ROLLOUT}multi_turn.*", None, "turns are always passed as token ids, never re-tokenized"),
+        (f"{ROLLOUT}agent.default_agent_loop", "rollout.multi_turn.default_agent_loop", ""),
+        (f"{ROLLOUT}agent.*", None, "agent loops run inside the rollout workers (no agent worker pool); "
+                                   "a plugin registers its own loop (trainer.plugins)"),
+        (None, "rollout.multi_turn.tools", "registered tools the tool_agent loop offers (docs/tools.md)"),
+        (None, "rollout.multi_turn.tool_options", "per-tool options"),
+        (None, "rollout.multi_turn.env_class", "env_agent's environment for rows without extra_info.env_class"),
         (f"{ROLLOUT}engine_kwargs.vllm.*", "rollout.engine_kwargs.*", "vllm.LLM(...) arguments, not nested under vllm"),
         (f"{ROLLOUT}engine_kwargs.sglang.*", None, "vllm | hf rollouts only"),
         (f"{ROLLOUT}engine_kwargs.trtllm.*", None, "vllm | hf rollouts only"),

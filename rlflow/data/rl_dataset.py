@@ -1,10 +1,10 @@
 """RL prompt datasets in verl's format, batched as left-padded ``DataProto`` prompts.
 
 A row has ``data_source`` (which reward scores it), ``prompt`` (a chat message list),
-``reward_model.ground_truth`` and an optional ``extra_info`` dict (``ability`` and other
-columns are ignored). Every file is read and every row checked and tokenized when the
-dataset is built, so a malformed row or an over-long prompt stops the run before training,
-with a ``DataError`` naming file, row and field.
+``reward_model.ground_truth``, an optional ``extra_info`` dict and an optional ``agent_name`` (the
+agent loop that produces its trajectories; ``ability`` and other columns are ignored). Every file
+is read and every row checked and tokenized when the dataset is built, so a malformed row or an
+over-long prompt stops the run before training, with a ``DataError`` naming file, row and field.
 
 Over-long prompts (more than ``max_prompt_length`` tokens after the chat template):
 ``filter_overlong_prompts=True`` drops them at load time and logs how many; otherwise the
@@ -42,6 +42,7 @@ class PromptRow:
     data_source: str
     ground_truth: Any
     extra_info: dict[str, Any]
+    agent_name: str = ""  # "": the rollout's rollout.multi_turn.default_agent_loop
 
 
 class RLDataset:
@@ -56,6 +57,7 @@ class RLDataset:
         truncation: str = "error",
         filter_overlong_prompts: bool = True,
         apply_chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+        tools: Optional[list[dict[str, Any]]] = None,
     ):
         check_policy(truncation, RL_TRUNCATION_POLICIES)
         check_chat_tokenizer(tokenizer)
@@ -67,6 +69,8 @@ class RLDataset:
         self.truncation = truncation
         self.filter_overlong_prompts = filter_overlong_prompts
         self.template_kwargs = check_template_kwargs(apply_chat_template_kwargs or {}, "data.apply_chat_template_kwargs")
+        if tools:
+            self.template_kwargs["tools"] = list(tools)  # the chat template renders the tools the model may call
         self.pad_token_id = pad_token_id(tokenizer)
         self.files = resolve_files(files)
         self.num_dropped = 0
@@ -81,8 +85,11 @@ class RLDataset:
         logger.info("loaded %d prompts from %d file(s)", len(self.rows), len(self.files))
 
     @classmethod
-    def from_config(cls, data_config: Any, tokenizer: Any, split: str) -> "RLDataset":
-        """The ``train`` or ``val`` split described by a ``DataConfig`` (``data:`` in ppo_trainer.yaml)."""
+    def from_config(
+        cls, data_config: Any, tokenizer: Any, split: str, tools: Optional[list[dict[str, Any]]] = None
+    ) -> "RLDataset":
+        """The ``train`` or ``val`` split described by a ``DataConfig`` (``data:`` in ppo_trainer.yaml); ``tools``
+        (OpenAI function schemas) are passed to the chat template."""
         files = {"train": data_config.train_files, "val": data_config.val_files}[split]
         return cls(
             list(files),
@@ -92,6 +99,7 @@ class RLDataset:
             truncation=data_config.truncation,
             filter_overlong_prompts=data_config.filter_overlong_prompts,
             apply_chat_template_kwargs=data_config.apply_chat_template_kwargs,
+            tools=tools,
         )
 
     def __len__(self) -> int:
@@ -109,6 +117,7 @@ class RLDataset:
             raise row_error(path, index, "reward_model", f"must be a dict with a ground_truth, got {type(reward_model).__name__}")
         ground_truth = check_ground_truth(reward_model.get("ground_truth"), path, index, "reward_model.ground_truth")
         extra_info = check_optional_dict(row.get("extra_info"), path, index, "extra_info")
+        agent_name = "" if row.get("agent_name") is None else check_string(row["agent_name"], path, index, "agent_name")
         try:
             input_ids = encode_prompt(self.tokenizer, messages, self.template_kwargs)
         except ChatTemplateError as error:
@@ -117,7 +126,7 @@ class RLDataset:
         if keep is None:
             self.num_dropped += 1
             return None
-        return PromptRow(input_ids[keep], messages, data_source, ground_truth, extra_info)
+        return PromptRow(input_ids[keep], messages, data_source, ground_truth, extra_info, agent_name)
 
     def _keep_slice(self, length: int, path: Path, index: int) -> Optional[slice]:
         policy = "filter" if self.filter_overlong_prompts else self.truncation
@@ -135,7 +144,8 @@ class RLDataset:
 
         Tensors: ``input_ids``, ``attention_mask``, ``position_ids`` (0 at the first real token).
         Non-tensors: ``uid`` (``"<epoch>-<row>"``: unique per prompt and stable across resumes),
-        ``raw_prompt`` (the messages), ``data_source``, ``ground_truth``, ``extra_info``.
+        ``raw_prompt`` (the messages), ``data_source``, ``ground_truth``, ``extra_info``, and ``agent_name``
+        when any row of the dataset names its agent loop.
         """
         rows = [self.rows[i] for i in indices]
         input_ids = pad_to_tensor([r.input_ids for r in rows], self.pad_token_id, "left", self.max_prompt_length)
@@ -152,17 +162,21 @@ class RLDataset:
             "ground_truth": object_array([r.ground_truth for r in rows]),
             "extra_info": object_array([r.extra_info for r in rows]),
         }
+        if any(row.agent_name for row in self.rows):
+            non_tensors["agent_name"] = object_array([r.agent_name for r in rows])
         return DataProto.from_dict(tensors, non_tensors)
 
 
-def build_rl_loader(data_config: Any, tokenizer: Any, split: str) -> BatchLoader:
+def build_rl_loader(
+    data_config: Any, tokenizer: Any, split: str, tools: Optional[list[dict[str, Any]]] = None
+) -> BatchLoader:
     """The loader of a ``DataConfig`` split.
 
     ``train``: ``train_batch_size`` prompts per batch, full batches only (``drop_last``), shuffled
     per epoch with ``data.seed`` when ``data.shuffle``. ``val``: in file order, ``val_batch_size``
     per batch (null: one batch with everything), the last batch may be smaller.
     """
-    dataset = RLDataset.from_config(data_config, tokenizer, split)
+    dataset = RLDataset.from_config(data_config, tokenizer, split, tools)
     if split == "train":
         return build_loader(dataset, data_config.train_batch_size, shuffle=data_config.shuffle, seed=data_config.seed, drop_last=True)
     batch_size = data_config.val_batch_size or len(dataset)

@@ -6,6 +6,10 @@ HF ``generate``) and scores the response with the reward function of the row's `
 (``rlflow.rewards``); a sample counts as correct when its score is at least ``correct_threshold``.
 It is the "accuracy before/after" measure for SFT and RL on the synthetic tasks.
 
+With ``tools`` (or rows that name an agent loop in ``agent_name``) each prompt runs its agent loop
+(``rlflow.rollout.agent``; rows without ``agent_name`` run ``tool_agent``): the score reads the
+model's tokens, as in training, and ``responses`` hold whole trajectories, tool turns included.
+
 Both backends get the same prompts (``RLDataset``: the chat template and tokenisation of
 training), the same greedy sampling and ``max_new_tokens``, and the same response cut (at EOS),
 so they differ only in the decoder's arithmetic: a near-tie between two tokens may decode
@@ -15,7 +19,7 @@ Command line (``rlflow-eval`` is the same command)::
 
     python -m rlflow.observability.evaluate --model outputs/demo/sft/hf \\
         --data outputs/demo/data/val.parquet [--backend auto|vllm|hf] [--max-new-tokens 32] \\
-        [--batch-size 64] [--limit N] [--responses FILE.jsonl]
+        [--batch-size 64] [--limit N] [--responses FILE.jsonl] [--tools calculator ...]
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import json
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
+from rlflow.config.multi_turn_schema import MultiTurnConfig
 from rlflow.config.schema import RolloutConfig
 from rlflow.data.rl_dataset import RLDataset
 from rlflow.errors import UserError
@@ -35,6 +40,7 @@ from rlflow.models.loading import load_tokenizer
 from rlflow.protocol import DataProto
 from rlflow.rewards import RewardInput, get_reward_fn, score_one
 from rlflow.rollout import build_rollout, rollout_names
+from rlflow.rollout.agent import AGENT_NAME_COLUMN, generate_trajectories
 from rlflow.utils.output_paths import check_output_file
 
 AUTO_BACKEND = "auto"
@@ -66,22 +72,33 @@ def eval_rollout_config(backend: str, max_prompt_length: int, max_new_tokens: in
 
 
 def decode_responses(output: DataProto, tokenizer: Any) -> list[str]:
-    """The text of each rollout response (its tokens through EOS, special tokens dropped)."""
+    """The text of each rollout response's model tokens (through EOS, special tokens dropped)."""
     responses, mask = output.batch["responses"], output.batch["response_mask"].bool()
     return [tokenizer.decode(row[keep].tolist(), skip_special_tokens=True) for row, keep in zip(responses, mask)]
 
 
+def decode_trajectories(output: DataProto, tokenizer: Any) -> list[str]:
+    """The text of each whole response, tool and environment turns and the chat template's tokens included."""
+    width = output.batch["prompts"].shape[1]
+    attended = output.batch["attention_mask"][:, width:].bool()
+    return [tokenizer.decode(row[keep].tolist()) for row, keep in zip(output.batch["responses"], attended)]
+
+
 def generate_greedy(
     model_path: str | Path, prompts: DataProto, max_new_tokens: int, backend: str = AUTO_BACKEND,
-    batch_size: int = 64, device: str = "auto",
-) -> list[str]:
-    """Greedy responses of the model folder to a left-padded prompt batch, decoded, one per row."""
+    batch_size: int = 64, device: str = "auto", multi_turn: Optional[MultiTurnConfig] = None,
+) -> tuple[list[str], list[str]]:
+    """Greedy responses of the model folder to a left-padded prompt batch, one per row: the model's text (what
+    a reward scores) and the text to show (with ``multi_turn``: the whole trajectory; else the same)."""
     name = resolve_backend(backend)
     max_prompt_length = prompts.batch["input_ids"].shape[1]
     config = eval_rollout_config(name, max_prompt_length, max_new_tokens, batch_size)
     with build_rollout(config, model_path, device) as rollout:
-        output = rollout.generate(prompts, GREEDY)
-        return decode_responses(output, rollout.tokenizer)
+        if multi_turn is None:
+            texts = decode_responses(rollout.generate(prompts, GREEDY), rollout.tokenizer)
+            return texts, texts
+        output, _ = generate_trajectories(rollout, prompts, multi_turn, GREEDY)
+        return decode_responses(output, rollout.tokenizer), decode_trajectories(output, rollout.tokenizer)
 
 
 def evaluate_greedy_accuracy(
@@ -94,13 +111,14 @@ def evaluate_greedy_accuracy(
     device: str = "auto",
     correct_threshold: float = 1.0,
     backend: str = AUTO_BACKEND,
+    tools: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Greedy-decode the prompts of ``val_files`` (verl RL format) with ``backend`` and score them.
 
     Returns ``accuracy`` (fraction with score >= ``correct_threshold``), ``mean_score``,
     ``num_samples``, ``accuracy/<data_source>`` per source, ``backend`` (the one that ran),
-    ``responses`` (every response, in file order) and ``examples``: the first few
-    ``(prompt, response, ground_truth, score)`` for a look at what the model writes.
+    ``responses`` (every response, in file order; whole trajectories with ``tools``) and ``examples``: the
+    first few ``(prompt, response, ground_truth, score)`` for a look at what the model writes.
     """
     name = resolve_backend(backend)
     tokenizer = load_tokenizer(model_path)
@@ -109,12 +127,15 @@ def evaluate_greedy_accuracy(
     if count < 1:
         raise UserError(f"no prompts to evaluate in {val_files}")
     batch = dataset.collate(list(range(count)))
-    responses = generate_greedy(model_path, batch, max_new_tokens, name, batch_size, device)
+    multi_turn = None
+    if tools or AGENT_NAME_COLUMN in batch.non_tensor_batch:
+        multi_turn = MultiTurnConfig(enable=True, default_agent_loop="tool_agent", tools=list(tools))
+    scored, responses = generate_greedy(model_path, batch, max_new_tokens, name, batch_size, device, multi_turn)
     scores: dict[str, list[float]] = defaultdict(list)
     examples: list[dict[str, Any]] = []
-    for row, response in enumerate(responses):
+    for row, (text, response) in enumerate(zip(scored, responses)):
         data_source = batch.non_tensor_batch["data_source"][row]
-        sample = RewardInput(data_source, response, batch.non_tensor_batch["ground_truth"][row],
+        sample = RewardInput(data_source, text, batch.non_tensor_batch["ground_truth"][row],
                              batch.non_tensor_batch["extra_info"][row])
         score = score_one(get_reward_fn(data_source), sample, error_score=0.0).score
         scores[data_source].append(score)
@@ -156,12 +177,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--responses", default=None, metavar="FILE",
                         help="also write every response to this JSONL file")
+    parser.add_argument("--tools", nargs="*", default=[], metavar="TOOL",
+                        help="run the tool_agent loop with these tools (e.g. calculator); docs/agents.md")
     args = parser.parse_args(argv)
     try:
         if args.responses:  # checked before anything is generated, so no result is lost at the end
             check_output_file(args.responses, "--responses")
         result = evaluate_greedy_accuracy(args.model, args.data, args.max_new_tokens, args.batch_size, args.limit,
-                                          device=args.device, backend=args.backend)
+                                          device=args.device, backend=args.backend, tools=args.tools)
     except (UserError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

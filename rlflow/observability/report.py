@@ -215,8 +215,9 @@ def plot_curves(records: Sequence[dict[str, Any]], out: str | Path, title: str =
 
 # ---------------------------------------------------------------------------------------- evaluation
 def evaluate_models(models: dict[str, Path], data: Sequence[str | Path], max_new_tokens: int,
-                    limit: Optional[int], backend: str = "auto") -> dict[str, dict[str, Any]]:
-    """Greedy accuracy (and the first examples) of every model folder on ``data``, decoded by ``backend``."""
+                    limit: Optional[int], backend: str = "auto", tools: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """Greedy accuracy (and the first examples) of every model folder on ``data``, decoded by ``backend``
+    (with ``tools``, through the tool_agent loop)."""
     from rlflow.observability.evaluate import evaluate_greedy_accuracy
 
     results = {}
@@ -224,7 +225,7 @@ def evaluate_models(models: dict[str, Path], data: Sequence[str | Path], max_new
         if not (path / "config.json").is_file():
             raise UserError(f"--model {name}={path}: not an HF model folder (no config.json); did that phase finish?")
         results[name] = evaluate_greedy_accuracy(path, list(data), max_new_tokens=max_new_tokens, limit=limit,
-                                                 backend=backend)
+                                                 backend=backend, tools=tools)
     return results
 
 
@@ -281,7 +282,7 @@ def summary_markdown(accuracy: dict[str, float], num_prompts: Optional[int], pha
 
 def build_report(out: str | Path, runs: dict[str, Path], models: dict[str, Path], data: Sequence[str | Path],
                  phase_times: dict[str, float], max_new_tokens: int = 32, limit: Optional[int] = None,
-                 backend: str = "auto") -> dict[str, Any]:
+                 backend: str = "auto", tools: Sequence[str] = ()) -> dict[str, Any]:
     """Write curves.png (if a run is an RL run), samples.md (if models are given), summary.md/json; return the summary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -296,7 +297,7 @@ def build_report(out: str | Path, runs: dict[str, Path], models: dict[str, Path]
     if models:
         if not data:
             raise UserError("--model needs --data: the RL-format val files to evaluate on")
-        results = evaluate_models(models, data, max_new_tokens, limit, backend)
+        results = evaluate_models(models, data, max_new_tokens, limit, backend, tools)
         accuracy = {name: result["accuracy"] for name, result in results.items()}
         num_prompts = next(iter(results.values()))["num_samples"]
         eval_backend = next(iter(results.values()))["backend"]
@@ -330,13 +331,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N prompts")
     parser.add_argument("--backend", default="auto", choices=["auto", *rollout_names()],
                         help="decoder of the evaluation: vllm, hf (HF generate), or auto (vllm when installed)")
+    parser.add_argument("--tools", nargs="*", default=[], metavar="TOOL",
+                        help="evaluate through the tool_agent loop with these tools (docs/agents.md)")
     parser.add_argument("--phase-times", default=None, help="file of 'name<TAB>seconds' lines (wall time per phase)")
     args = parser.parse_args(argv)
     os.environ.update(worker_log_env(args.out))  # vLLM's INFO lines (three engines) go to <out>/logs/report.log
     route_library_logs("report")
     try:
         summary = build_report(args.out, named_paths(args.run, "--run"), named_paths(args.model, "--model"), args.data,
-                               read_phase_times(args.phase_times), args.max_new_tokens, args.limit, args.backend)
+                               read_phase_times(args.phase_times), args.max_new_tokens, args.limit, args.backend,
+                               args.tools)
     except (UserError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """Rule rewards by ``data_source``, user reward functions, and the manager that scores response batches.
 
 Built in: GSM8K ``#### answer`` (``openai/gsm8k``, ``gsm8k``), boxed MATH answers (``math``,
-``lighteval/MATH``, ...), and every synthetic task (``synthetic/<task>``). See docs/rewards.md.
+``lighteval/MATH``, ...), every synthetic task (``synthetic/<task>``) and environment rewards (``env/*``). See docs/rewards.md.
 
 ``RewardManager``, ``score_batch`` and ``reward_metrics`` (which need torch) are imported
 on first use: reward worker processes import only this package and the scoring functions, so
@@ -11,7 +11,7 @@ they start without loading torch.
 import importlib
 from typing import Any
 
-from rlflow.rewards import gsm8k, math_boxed, synthetic  # noqa: F401  (register the built-in rewards)
+from rlflow.rewards import environment, gsm8k, math_boxed, synthetic  # noqa: F401  (register the built-in rewards)
 from rlflow.rewards.custom import load_custom_function
 from rlflow.rewards.registry import REWARD_REGISTRY, UnknownDataSourceError, get_reward_fn
 from rlflow.rewards.scoring import RewardInput, ScoreResult, score_one

@@ -18,6 +18,7 @@ from rlflow.meta_info import METRICS, SAMPLING, VALIDATE
 from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.rollout import BaseRollout, build_rollout, stream_published_weights, syncs_adapters
+from rlflow.rollout.agent import generate_trajectories
 from rlflow.rollout.balance import DP_BALANCED_TOKENS
 from rlflow.rollout.weight_sync import MiB
 from rlflow.workers import ONE_TO_ALL, Worker, register
@@ -44,7 +45,8 @@ class RolloutMethods:
 
     ``VALIDATE`` in ``prompts.meta_info`` (``rlflow.meta_info``) selects ``config.val_kwargs`` sampling
     instead of the training keys, and ``SAMPLING`` (a dict of ``SamplingConfig`` keys, plus
-    ``stop_token_ids``) sets this request's own; ``GLOBAL_STEP`` enters the sampling seeds.
+    ``stop_token_ids``) sets this request's own; ``GLOBAL_STEP`` enters the sampling seeds. With
+    ``rollout.multi_turn.enable`` each row runs its agent loop (``rlflow.rollout.agent``).
     """
 
     rollout: Any
@@ -60,10 +62,15 @@ class RolloutMethods:
         meta = prompts.meta_info
         sampling = SAMPLING.read(meta) if SAMPLING.name in meta else (self.config.val_kwargs if VALIDATE.read(meta) else None)
         start = time.perf_counter()
-        output = self.rollout.generate(prompts, sampling)
+        agent_metrics: dict[str, float] = {}
+        if self.config.multi_turn.enable:
+            output, agent_metrics = generate_trajectories(self.rollout, prompts, self.config.multi_turn, sampling)
+        else:
+            output = self.rollout.generate(prompts, sampling)
         output.meta_info[METRICS.name] = {
             "timing_s/generate": time.perf_counter() - start,
             "rollout/generated_tokens": float(output.batch["response_mask"].sum()),
+            **agent_metrics,
         }
         return output
 

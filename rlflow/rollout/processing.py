@@ -154,6 +154,7 @@ def build_rollout_output(
     log_probs: Optional[list[list[float]]],
     sampling: Sampling,
     pad_token_id: int,
+    response_masks: Optional[list[list[int]]] = None,
 ) -> DataProto:
     """The rollout DataProto for ``len(prompts) * sampling.n`` samples (a prompt's samples adjacent).
 
@@ -161,8 +162,10 @@ def build_rollout_output(
     Tensors: ``prompts`` (left-padded to the input width), ``responses`` and ``response_mask``
     (right-padded to ``max_new_tokens``), ``input_ids``/``attention_mask``/``position_ids`` over
     prompt + response, and with ``log_probs`` (None: none were computed) ``rollout_log_probs``
-    (right-padded; log-prob 0 on padding). Every other input column (``uid``, ``ground_truth`` ...)
-    is repeated ``n`` times; meta_info is kept.
+    (right-padded; log-prob 0 on padding). ``response_masks`` (None: every response token is the
+    model's) marks the tokens the loss sees; the tool and environment tokens of a multi-turn
+    trajectory are 0 there but 1 in ``attention_mask``. Every other input column (``uid``,
+    ``ground_truth`` ...) is repeated ``n`` times; meta_info is kept.
     """
     n, width = sampling.n, sampling.max_new_tokens
     if len(responses) != len(prompt_tokens) * n or (log_probs is not None and len(log_probs) != len(responses)):
@@ -170,7 +173,8 @@ def build_rollout_output(
     prompt_width = prompts.batch["input_ids"].shape[1] if "input_ids" in prompts.batch else 0
     prompt_ids, prompt_mask = left_pad([row for row in prompt_tokens for _ in range(n)], prompt_width, pad_token_id)
     response_ids = _right_pad(responses, width, pad_token_id, torch.long)
-    response_mask = _right_pad([[1] * len(r) for r in responses], width, 0, torch.long)
+    attended = _right_pad([[1] * len(r) for r in responses], width, 0, torch.long)
+    response_mask = attended if response_masks is None else _right_pad(response_masks, width, 0, torch.long)
     prompt_positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
     last = prompt_positions[:, -1:] if prompt_width else torch.full((len(responses), 1), -1, dtype=torch.long)
     response_positions = last + torch.arange(1, width + 1, dtype=torch.long)
@@ -179,7 +183,7 @@ def build_rollout_output(
         "responses": response_ids,
         "response_mask": response_mask,
         "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
-        "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+        "attention_mask": torch.cat([prompt_mask, attended], dim=1),
         "position_ids": torch.cat([prompt_positions, response_positions], dim=1),
     }
     if log_probs is not None:

@@ -19,6 +19,7 @@ from rlflow.algos import KLController, get_kl_controller
 from rlflow.algos.rollout_correction import BYPASS
 from rlflow.config import ConfigError
 from rlflow.data.rl_dataset import build_rl_loader
+from rlflow.rollout.agent.checks import check_agent_names, tool_schemas
 from rlflow.data.sampler import BatchLoader
 from rlflow.data.tasks.corpus import tokenizer_corpus
 from rlflow.engines.common.optim.lr_schedulers import fit_schedule_to_run
@@ -66,8 +67,12 @@ def prepare_run(config: DictConfig) -> PPOSetup:
     check_role_model_folders(config, plan.use_critic)
     check_role_engines(config, model_path, plan.use_ref, plan.use_critic, plan.world_size)
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_path, config.model.trust_remote_code)
-    train_loader = build_rl_loader(config.data, tokenizer, "train")
-    val_loader = build_rl_loader(config.data, tokenizer, "val") if config.data.val_files else None
+    tools = tool_schemas(config.rollout.multi_turn)
+    train_loader = build_rl_loader(config.data, tokenizer, "train", tools)
+    val_loader = build_rl_loader(config.data, tokenizer, "val", tools) if config.data.val_files else None
+    for key, loader in (("data.train_files", train_loader), ("data.val_files", val_loader)):
+        if loader is not None:
+            check_agent_names((row.agent_name for row in loader.dataset.rows), config.rollout.multi_turn, key)
     total_steps = config.trainer.total_training_steps or len(train_loader) * config.trainer.total_epochs
     check_batch_sizes(config, plan)
     fill_derived_config(config, total_steps)

@@ -49,6 +49,7 @@ SPECIAL: dict[str, tuple[list[str], Any, dict[str, Any]]] = {
     "custom_reward_function.path": ([], WALK_REWARD, {"ppo_trainer": f"{WALK_REWARD}:compute_score"}),
     "custom_reward_function.name": ([f"custom_reward_function.path={WALK_REWARD}"], "walk_fn",
                                     {"ppo_trainer": f"{WALK_REWARD}:walk_fn"}),
+    "multi_turn.format": ([], "hermes", {"ppo_trainer": "hermes"}),  # the one format registered: no other to walk with
     "trainer.resume_mode": ([], "resume_path", {"ppo_trainer": "path", "sft_trainer": "path"}),
     "trainer.resume_from_path": (["trainer.resume_mode=resume_path"], "/walk/ckpt",  # read under resume_path only
                                  {"ppo_trainer": "/walk/ckpt", "sft_trainer": "/walk/ckpt"}),

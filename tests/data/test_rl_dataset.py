@@ -54,6 +54,14 @@ def test_folder_reads_parquet_and_jsonl_in_name_order(tmp_path, tokenizer, write
     assert [row.ground_truth for row in dataset.rows] == ["0", "20", "22"]
 
 
+def test_agent_name_column_is_carried_only_when_rows_name_a_loop(tmp_path, tokenizer, write_rows, rl_row):
+    plain = RLDataset(write_rows(tmp_path / "plain.jsonl", [rl_row(0), rl_row(1)]), tokenizer)
+    assert "agent_name" not in plain.collate([0, 1]).non_tensor_batch
+    named = [rl_row(0), {**rl_row(1), "agent_name": "tool_agent"}]
+    dataset = RLDataset(write_rows(tmp_path / "named.jsonl", named), tokenizer)
+    assert list(dataset.collate([0, 1]).non_tensor_batch["agent_name"]) == ["", "tool_agent"]
+
+
 def _drop(key):
     def mutate(row):
         del row[key]
@@ -92,6 +100,7 @@ MALFORMED = [
     ("ground-truth-bool", _set(["reward_model", "ground_truth"], True), "reward_model.ground_truth", ("jsonl",)),
     ("missing-data-source", _drop("data_source"), "data_source", ("parquet", "jsonl")),
     ("extra-info-string", _set(["extra_info"], "oops"), "extra_info", ("jsonl",)),
+    ("agent-name-number", _set(["agent_name"], 3), "agent_name", ("jsonl",)),
 ]
 CASES = [pytest.param(mutate, field, fmt, id=f"{name}-{fmt}") for name, mutate, field, fmts in MALFORMED for fmt in fmts]
 

@@ -18,7 +18,9 @@ from rlflow.data.tasks import (
     TASK_REGISTRY,
     build_task,
     generate_splits,
+    rl_row,
     score,
+    sft_row,
     write_task_files,
 )
 from rlflow.utils.registry import UnknownNameError
@@ -49,7 +51,7 @@ def test_generator_is_deterministic_per_seed(name):
     assert stream_a[0] != other[0]
 
 
-@pytest.mark.parametrize("name", sorted(TASK_REGISTRY))
+@pytest.mark.parametrize("name", ["addition", "chain_arith"])
 def test_examples_are_correct_and_solutions_score_one(name):
     task = build_task(name)
     rng = random.Random(0)
@@ -59,6 +61,24 @@ def test_examples_are_correct_and_solutions_score_one(name):
         assert int(example.ground_truth) == _evaluate(expression)
         assert example.solution.endswith(f"#### {example.ground_truth}")
         assert score(name, example.solution, example.ground_truth) == 1.0
+
+
+def test_tool_product_traces_call_the_calculator_and_rows_name_the_tool_loop():
+    import json
+
+    task = build_task("tool_product", digits=2, operands=3)
+    example = task.sample(random.Random(0))
+    numbers = [int(n) for n in re.fullmatch(r"What is ([0-9*]+)\? Use the calculator, .*", example.prompt).group(1).split("*")]
+    assert len(numbers) == 3 and all(10 <= n <= 99 for n in numbers)
+    call, result, final = example.turns
+    body = json.loads(call["content"].removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+    assert body == {"name": "calculator", "arguments": {"expression": "*".join(map(str, numbers))}}
+    assert result == {"role": "tool", "content": str(numbers[0] * numbers[1] * numbers[2])} == {"role": "tool", "content": example.ground_truth}
+    assert final == {"role": "assistant", "content": f"#### {example.ground_truth}"}
+    assert score("tool_product", final["content"], example.ground_truth) == 1.0
+    assert rl_row(task, example, "train", 0)["agent_name"] == "tool_agent"
+    assert "agent_name" not in rl_row(build_task("addition"), build_task("addition").sample(random.Random(0)), "train", 0)
+    assert [m["role"] for m in sft_row(task, example, "train", 0)["messages"]] == ["user", "assistant", "tool", "assistant"]
 
 
 def test_chain_arith_steps_are_valid_and_nonnegative():

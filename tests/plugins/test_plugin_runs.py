@@ -128,3 +128,42 @@ def test_main_ppo_runs_plugin_engine_loss_and_reward_in_their_processes(assets, 
     assert reward_procs and not reward_procs & (workers | {driver_pid}), "the reward is scored in a reward worker"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1] and f"reward/source/{REWARD_SOURCE}/mean" in records[0]
+
+
+@pytest.mark.timeout(600)
+def test_main_ppo_runs_a_plugin_agent_loop_and_environment_in_the_rollout_workers(assets, tmp_path):
+    """Half the rows name the plugin's loop (scored by the plugin's reward), half the ``env_agent`` loop over the
+    plugin's environment (scored by it, ``env/*``); both run in the rollout workers only."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    rows = pd.read_parquet(assets["rl_train"])
+    half = len(rows) // 2
+    rows["agent_name"] = ["user_retry"] * half + ["env_agent"] * (len(rows) - half)
+    rows["data_source"] = [REWARD_SOURCE] * half + ["env/user_digits"] * (len(rows) - half)
+    rows["extra_info"] = [{**dict(extra), "env_class": "user_digits"} for extra in rows["extra_info"]]
+    rows.to_parquet(tmp_path / "agent_rows.parquet")
+    run_dir = tmp_path / "run"
+    result, driver_pid = run_entry("rlflow.trainer.main_ppo", [
+        f"trainer.plugins=[{PLUGIN},tests/plugins/agent_plugin.py]",
+        f"actor.engine.marker_dir={markers}",
+        "actor.engine.name=user_fsdp2",
+        "rollout.multi_turn.enable=true",
+        f"model.path={assets['model']}",
+        "model.preset=null",
+        f"data.train_files=[{tmp_path / 'agent_rows.parquet'}]",
+        "data.val_files=[]",
+        "data.train_batch_size=16",
+        "data.shuffle=false",
+        "data.max_response_length=24",
+        "actor.ppo_mini_batch_size=16",
+        "rollout=hf",
+        "rollout.n=2",
+        "trainer.total_training_steps=1",
+        f"trainer.default_local_dir={run_dir}",
+    ], markers)
+    assert result.returncode == 0, result.stderr[-4000:]
+    found = read_markers(markers)
+    workers = assert_engine_ran_on_both_workers(found, driver_pid)
+    assert set(found["agent_loop"]) == workers and set(found["env"]) == workers, "loops run in the rollout workers"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["num_turns"] > 1 and "reward/source/env/user_digits/mean" in records[0]

@@ -26,6 +26,7 @@ from rlflow.algos import (
 )
 from rlflow.algos.kl import STRAIGHT_THROUGH_SUFFIX
 from rlflow.config import ConfigError
+from rlflow.config.multi_turn_schema import TRUNCATE_SIDES
 from rlflow.config.schema import RECOMPUTE_MODES, RESUME_MODES
 from rlflow.data.rl_dataset import RL_TRUNCATION_POLICIES
 from rlflow.data.sft_dataset import SFT_TRUNCATION_POLICIES
@@ -36,6 +37,8 @@ from rlflow.models.presets import PRESETS
 from rlflow.observability.tracking import TRACKER_REGISTRY
 from rlflow.rewards.combine import REWARD_COMBINE_REGISTRY
 from rlflow.rollout import LORA_SYNC_MODES, ROLLOUT_REGISTRY
+from rlflow.rollout.agent import AGENT_LOOP_REGISTRY, ENV_REGISTRY
+from rlflow.rollout.agent.tools import TOOL_CALL_PARSER_REGISTRY, TOOL_REGISTRY
 from rlflow.rollout.processing import PROMPT_OVERFLOW_POLICIES
 from rlflow.rollout.sampling import LOGPROBS_MODES
 from rlflow.utils.device import DEVICES
@@ -108,6 +111,11 @@ def rollout_choices() -> list[Choice]:
         Choice("rollout.prompt_overflow", PROMPT_OVERFLOW_POLICIES, "prompt overflow policy"),
         Choice("rollout.dtype", DTYPES, "dtype"),
         Choice("rollout.lora_sync", LORA_SYNC_MODES, "LoRA sync mode"),
+        Choice("rollout.multi_turn.default_agent_loop", AGENT_LOOP_REGISTRY),
+        Choice("rollout.multi_turn.format", TOOL_CALL_PARSER_REGISTRY),
+        Choice("rollout.multi_turn.tools", TOOL_REGISTRY),
+        Choice("rollout.multi_turn.tool_response_truncate_side", TRUNCATE_SIDES, "truncation side"),
+        Choice("rollout.multi_turn.env_class", ENV_REGISTRY),
     ]
 
 

@@ -5,7 +5,7 @@ train/val parquet in verl's RL format plus SFT chat files; ``score(task, solutio
 is the rule reward. ``python -m rlflow.data.tasks --help`` is the command-line entry.
 """
 
-from rlflow.data.tasks import arithmetic  # noqa: F401  (registers the arithmetic tasks)
+from rlflow.data.tasks import arithmetic, tool_arith  # noqa: F401  (registers the tasks)
 from rlflow.data.tasks.answer import ANSWER_MARKER, extract_final_answer, score_final_answer
 from rlflow.data.tasks.base import (
     DATA_SOURCE_PREFIX,

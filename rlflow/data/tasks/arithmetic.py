@@ -24,7 +24,8 @@ def worked_solution(steps: list[str], answer: int) -> str:
     return "\n".join([*steps, f"{ANSWER_MARKER} {answer}"])
 
 
-def _check_positive(task: str, **values: int) -> None:
+def check_positive(task: str, **values: int) -> None:
+    """Raise ``ValueError`` naming ``task`` and the option unless every option value is a positive integer."""
     for key, value in values.items():
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"synthetic task {task!r}: option {key} must be a positive integer, got {value!r}")
@@ -38,7 +39,7 @@ class AdditionTask(SyntheticTask):
     digits: int = 3
 
     def __post_init__(self) -> None:
-        _check_positive(self.name, digits=self.digits)
+        check_positive(self.name, digits=self.digits)
 
     def sample(self, rng: random.Random) -> TaskExample:
         high = 10**self.digits - 1
@@ -64,7 +65,7 @@ class ChainArithTask(SyntheticTask):
     num_ops: int = 2
 
     def __post_init__(self) -> None:
-        _check_positive(self.name, digits=self.digits, num_ops=self.num_ops)
+        check_positive(self.name, digits=self.digits, num_ops=self.num_ops)
 
     def sample(self, rng: random.Random) -> TaskExample:
         high = 10**self.digits - 1

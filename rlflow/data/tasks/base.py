@@ -23,11 +23,16 @@ DATA_SOURCE_PREFIX = "synthetic/"
 
 @dataclass(frozen=True)
 class TaskExample:
-    """One generated problem: the user prompt, the ground-truth answer and a worked solution for SFT."""
+    """One generated problem: the user prompt, the ground-truth answer and a worked solution for SFT.
+
+    ``turns`` (optional) is the SFT conversation after the prompt when it has more than one assistant
+    turn (a tool call, the tool's answer, the final answer); empty: one assistant turn, ``solution``.
+    """
 
     prompt: str
     ground_truth: str
     solution: str
+    turns: tuple[dict[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class SyntheticTask(ABC):
 
     name: ClassVar[str] = ""
     ability: ClassVar[str] = "arithmetic"
+    agent_name: ClassVar[str] = ""  # the agent loop the task's RL rows name ("": the rollout's default)
 
     @property
     def data_source(self) -> str:

@@ -42,24 +42,26 @@ def generate_splits(task: SyntheticTask, n_train: int, n_val: int, seed: int) ->
 
 
 def rl_row(task: SyntheticTask, example: TaskExample, split: str, index: int) -> dict[str, Any]:
-    """One row in verl's RL format (data_source, prompt, ability, reward_model, extra_info)."""
-    return {
+    """One row in verl's RL format (data_source, prompt, ability, reward_model, extra_info; and agent_name when
+    the task names its agent loop)."""
+    row = {
         "data_source": task.data_source,
         "prompt": [{"role": "user", "content": example.prompt}],
         "ability": task.ability,
         "reward_model": {"style": "rule", "ground_truth": example.ground_truth},
         "extra_info": _extra_info(task, example, split, index),
     }
+    if task.agent_name:
+        row["agent_name"] = task.agent_name
+    return row
 
 
 def sft_row(task: SyntheticTask, example: TaskExample, split: str, index: int) -> dict[str, Any]:
-    """One SFT row: a user/assistant chat in ``messages`` with the worked solution as the answer."""
+    """One SFT row: the chat in ``messages``: the prompt, then the example's turns (or the worked solution)."""
+    turns = [dict(turn) for turn in example.turns] or [{"role": "assistant", "content": example.solution}]
     return {
         "data_source": task.data_source,
-        "messages": [
-            {"role": "user", "content": example.prompt},
-            {"role": "assistant", "content": example.solution},
-        ],
+        "messages": [{"role": "user", "content": example.prompt}, *turns],
         "extra_info": _extra_info(task, example, split, index),
     }
 

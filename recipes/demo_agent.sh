@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# rlflow agentic demo: a tiny model learns to use a calculator tool with multi-turn GRPO (2 CPU cores, ~15 min).
+#
+#   make demo-agent                                  # or, with the .venv active: recipes/demo_agent.sh
+#   make demo-agent DEMO_SEED=1                      # knobs (environment variables):
+#     DEMO_STEPS      GRPO steps, with tools and without (default 20)
+#     DEMO_SEED       seed of the model init, the task data, SFT and GRPO (default 0)
+#     DEMO_OUT        output folder (default outputs/demo_agent)
+#     DEMO_SFT_STEPS  SFT warm-start steps on the tool-call traces (default 400)
+#
+# Phases, each a public entry point (docs/agents.md, "The agentic demo"): the tiny preset; the tool_product
+# task ("What is 47*86? Use the calculator, ..."); SFT on traces that call the calculator; GRPO with the
+# tool_agent loop (recipes/grpo_tool_tiny_cpu.sh); the same GRPO budget without tools (the baseline: the
+# model's calls go unanswered); the report, whose accuracies run through the tool loop. Running it again
+# with the same knobs skips the phases it finished.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STEPS=${DEMO_STEPS:-20}
+SEED=${DEMO_SEED:-0}
+OUT=${DEMO_OUT:-outputs/demo_agent}
+SFT_STEPS=${DEMO_SFT_STEPS:-400}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false
+export WANDB_MODE=${WANDB_MODE:-offline} PYTHONUNBUFFERED=1
+
+KNOBS="seed=$SEED steps=$STEPS sft_steps=$SFT_STEPS"
+if [[ -f "$OUT/knobs" && "$(cat "$OUT/knobs")" != "$KNOBS" ]]; then
+  echo "demo knobs changed ($(cat "$OUT/knobs") -> $KNOBS): starting over in $OUT"
+  rm -rf "$OUT"
+fi
+mkdir -p "$OUT"
+echo "$KNOBS" > "$OUT/knobs"
+
+phase() {  # phase NAME COMMAND...: run one phase unless an earlier run finished it; record its wall time
+  local name=$1 start=$SECONDS
+  shift
+  if [[ -f "$OUT/.done-$name" ]]; then
+    printf '\n==== [%s] finished by an earlier run with the same knobs, skipped\n' "$name"
+    return
+  fi
+  printf '\n==== [%s] %s\n' "$name" "$*"
+  "$@"
+  printf '%s\t%s\n' "$name" "$((SECONDS - start))" > "$OUT/.done-$name"
+}
+
+# 1. The model: the tiny preset (0.7M parameters, a locally trained tokenizer), as an HF folder.
+phase preset python -m rlflow.data.presets --out "$OUT/model" --preset tiny --seed "$SEED"
+
+# 2. The task: products of two 2-digit numbers. RL rows name the tool_agent loop; SFT rows are whole
+#    conversations: the call <tool_call>{"name": "calculator", ...}</tool_call>, the tool's answer, "#### <n>".
+phase data python -m rlflow.data.tasks --task tool_product --digits 2 --train 4000 --val 128 --overwrite \
+  --seed "$SEED" --out "$OUT/data"
+
+# 3. SFT warm start on the traces (loss on the assistant turns only).
+phase sft env MODEL="$OUT/model" DATA="$OUT/data" OUT="$OUT/sft" STEPS="$SFT_STEPS" SEED="$SEED" \
+  recipes/sft_tiny_cpu.sh data.max_length=192 trainer.save_freq=200 trainer.test_freq=200
+
+# 4. GRPO with the tool loop: each trajectory is call -> calculator -> answer, tool tokens masked from the loss.
+phase grpo env MODEL="$OUT/sft/hf" DATA="$OUT/data" OUT="$OUT/grpo" STEPS="$STEPS" SEED="$SEED" TOOLS=true \
+  recipes/grpo_tool_tiny_cpu.sh
+
+# 5. The baseline: the same GRPO budget without tools (single turn; a call gets no answer).
+phase grpo_no_tools env MODEL="$OUT/sft/hf" DATA="$OUT/data" OUT="$OUT/grpo_no_tools" STEPS="$STEPS" SEED="$SEED" \
+  TOOLS=false recipes/grpo_tool_tiny_cpu.sh trainer.experiment_name=grpo_no_tools_tiny
+
+# 6. Report: greedy accuracy through the tool loop before SFT, after SFT and after GRPO; the curves; samples.md
+#    with whole trajectories. The baseline's accuracy (without tools) is its own run's last validation.
+cat "$OUT"/.done-{preset,data,sft,grpo,grpo_no_tools} > "$OUT/phase_times.tsv"
+printf '\n==== [report]\n'
+python -m rlflow.observability.report --out "$OUT" \
+  --run sft="$OUT/sft" --run grpo="$OUT/grpo" --run grpo_no_tools="$OUT/grpo_no_tools" \
+  --model before_sft="$OUT/model" --model after_sft="$OUT/sft/hf" --model after_grpo="$OUT/grpo/hf" \
+  --data "$OUT/data/val.parquet" --max-new-tokens 128 --tools calculator --phase-times "$OUT/phase_times.tsv"
