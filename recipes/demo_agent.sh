@@ -3,23 +3,23 @@
 #
 #   make demo-agent                                  # or, with the .venv active: recipes/demo_agent.sh
 #   make demo-agent DEMO_SEED=1                      # knobs (environment variables):
-#     DEMO_STEPS      GRPO steps, with tools and without (default 20)
+#     DEMO_STEPS      GRPO steps, with tools and without (default 10)
 #     DEMO_SEED       seed of the model init, the task data, SFT and GRPO (default 0)
 #     DEMO_OUT        output folder (default outputs/demo_agent)
-#     DEMO_SFT_STEPS  SFT warm-start steps on the tool-call traces (default 400)
+#     DEMO_SFT_STEPS  SFT warm-start steps on the traces (default 700)
 #
 # Phases, each a public entry point (docs/agents.md, "The agentic demo"): the tiny preset; the tool_product
 # task ("What is 47*86? Use the calculator, ..."); SFT on traces that call the calculator; GRPO with the
-# tool_agent loop (recipes/grpo_tool_tiny_cpu.sh); the same GRPO budget without tools (the baseline: the
-# model's calls go unanswered); the report, whose accuracies run through the tool loop. Running it again
+# tool_agent loop (recipes/grpo_tool_tiny_cpu.sh); the same GRPO budget without tools (the baseline: every
+# call is answered "unknown tool"); the report, whose accuracies run through the tool loop. Running it again
 # with the same knobs skips the phases it finished.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STEPS=${DEMO_STEPS:-20}
+STEPS=${DEMO_STEPS:-10}
 SEED=${DEMO_SEED:-0}
 OUT=${DEMO_OUT:-outputs/demo_agent}
-SFT_STEPS=${DEMO_SFT_STEPS:-400}
+SFT_STEPS=${DEMO_SFT_STEPS:-700}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=${WANDB_MODE:-offline} PYTHONUNBUFFERED=1
 
@@ -46,9 +46,10 @@ phase() {  # phase NAME COMMAND...: run one phase unless an earlier run finished
 # 1. The model: the tiny preset (0.7M parameters, a locally trained tokenizer), as an HF folder.
 phase preset python -m rlflow.data.presets --out "$OUT/model" --preset tiny --seed "$SEED"
 
-# 2. The task: products of two 2-digit numbers. RL rows name the tool_agent loop; SFT rows are whole
-#    conversations: the call <tool_call>{"name": "calculator", ...}</tool_call>, the tool's answer, "#### <n>".
-phase data python -m rlflow.data.tasks --task tool_product --digits 2 --train 4000 --val 128 --overwrite \
+# 2. The task: products of two 2-digit numbers. RL rows name the tool_agent loop. 30% of the SFT rows are whole
+#    conversations (the call <tool_call>{"name": "calculator", ...}</tool_call>, the tool's answer, "#### <n>"),
+#    70% answer at once without the tool: the warm start rarely calls it, and RL learns that calling it pays.
+phase data python -m rlflow.data.tasks --task tool_product --digits 2 --direct-percent 70 --train 4000 --val 128 --overwrite \
   --seed "$SEED" --out "$OUT/data"
 
 # 3. SFT warm start on the traces (loss on the assistant turns only).
@@ -56,12 +57,12 @@ phase sft env MODEL="$OUT/model" DATA="$OUT/data" OUT="$OUT/sft" STEPS="$SFT_STE
   recipes/sft_tiny_cpu.sh data.max_length=192 trainer.save_freq=200 trainer.test_freq=200
 
 # 4. GRPO with the tool loop: each trajectory is call -> calculator -> answer, tool tokens masked from the loss.
-phase grpo env MODEL="$OUT/sft/hf" DATA="$OUT/data" OUT="$OUT/grpo" STEPS="$STEPS" SEED="$SEED" TOOLS=true \
+phase grpo env MODEL="$OUT/sft/hf" DATA="$OUT/data" OUT="$OUT/grpo" STEPS="$STEPS" SEED="$SEED" \
   recipes/grpo_tool_tiny_cpu.sh
 
-# 5. The baseline: the same GRPO budget without tools (single turn; a call gets no answer).
+# 5. The baseline: the same GRPO budget without tools (the same loop; every call is answered "unknown tool").
 phase grpo_no_tools env MODEL="$OUT/sft/hf" DATA="$OUT/data" OUT="$OUT/grpo_no_tools" STEPS="$STEPS" SEED="$SEED" \
-  TOOLS=false recipes/grpo_tool_tiny_cpu.sh trainer.experiment_name=grpo_no_tools_tiny
+  TOOLS="[]" recipes/grpo_tool_tiny_cpu.sh trainer.experiment_name=grpo_no_tools_tiny
 
 # 6. Report: greedy accuracy through the tool loop before SFT, after SFT and after GRPO; the curves; samples.md
 #    with whole trajectories. The baseline's accuracy (without tools) is its own run's last validation.

@@ -9,8 +9,8 @@
 #                       OUT    run folder                     (default outputs/grpo_tool_tiny)
 #                       STEPS  GRPO steps                     (default 20)
 #                       SEED   seed of data order, sampling and the engine (default 0)
-#                       TOOLS  true: the tool_agent loop runs the calculator (default); false: the same GRPO
-#                              single-turn, the model's tool calls go unanswered (the no-tools baseline)
+#                       TOOLS  the tools the tool_agent loop offers (default [calculator]); [] is the no-tools
+#                              baseline: the same loop and budget, every call answered "unknown tool"
 # Run from the repository root; make the inputs with `make demo-agent` (or its first three phases).
 set -euo pipefail
 MODEL=${MODEL:-outputs/demo_agent/sft/hf}
@@ -18,7 +18,7 @@ DATA=${DATA:-outputs/demo_agent/data}
 OUT=${OUT:-outputs/grpo_tool_tiny}
 STEPS=${STEPS:-20}
 SEED=${SEED:-0}
-TOOLS=${TOOLS:-true}
+TOOLS=${TOOLS:-[calculator]}
 export WANDB_MODE=${WANDB_MODE:-offline}
 
 args=(
@@ -26,8 +26,8 @@ args=(
   actor.engine=fsdp2 ref.engine=fsdp2           # the actor and the reference, fused in one Ray worker process
   actor.use_kl_loss=true actor.kl_loss_coef=0.001 actor.kl_loss_type=low_var_kl
   rollout=vllm                                  # in-process vLLM replica per worker, driven per request
-  rollout.multi_turn.enable="$TOOLS"            # each row runs its agent_name loop (tool_agent for this task)
-  rollout.multi_turn.tools="[calculator]"       # the tool the model calls: safe arithmetic, no eval
+  rollout.multi_turn.enable=true                # each row runs its agent_name loop (tool_agent for this task)
+  rollout.multi_turn.tools="$TOOLS"             # the tool the model calls: safe arithmetic, no eval
   rollout.multi_turn.max_assistant_turns=3      # call, read, answer (one spare turn)
   model=hf model.path="$MODEL"
   data.train_files="[$DATA/train.parquet]"

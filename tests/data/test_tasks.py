@@ -81,6 +81,17 @@ def test_tool_product_traces_call_the_calculator_and_rows_name_the_tool_loop():
     assert [m["role"] for m in sft_row(task, example, "train", 0)["messages"]] == ["user", "assistant", "tool", "assistant"]
 
 
+def test_tool_product_answers_a_share_of_its_traces_without_the_tool():
+    task = build_task("tool_product", digits=2, direct_percent=30)
+    rng = random.Random(0)
+    examples = [task.sample(rng) for _ in range(1000)]
+    direct = [e for e in examples if not e.turns]
+    assert 0.25 < len(direct) / len(examples) < 0.35
+    assert all(sft_row(task, e, "train", 0)["messages"][1] == {"role": "assistant", "content": e.solution} for e in direct)
+    with pytest.raises(ValueError, match="direct_percent must be in \\[0, 100\\]"):
+        build_task("tool_product", direct_percent=101)
+
+
 def test_chain_arith_steps_are_valid_and_nonnegative():
     task = build_task("chain_arith", digits=2, num_ops=3)
     rng = random.Random(1)

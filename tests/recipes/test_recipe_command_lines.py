@@ -24,9 +24,9 @@ printf '%s\\n' "$@" > "$RECIPE_ARGV_FILE"
 # Environment a user sets for the recipes that have no local defaults (GPU and multi-node ones).
 RECIPE_ENV = {"MODEL": "/models/Qwen2.5-0.5B-Instruct", "DATA": "/data/gsm8k"}
 ENTRY_POINTS = {"rlflow.trainer.main_ppo": compose_ppo_config, "rlflow.trainer.main_sft": compose_sft_config}
-# demo.sh chains the recipes below; sft_engine_smoke.sh loops torchrun over engines (the same job as
+# demo.sh and demo_agent.sh chain the recipes below; sft_engine_smoke.sh loops torchrun over engines (the same job as
 # tests/trainer/test_sft_parity.py).
-NOT_ONE_COMMAND_LINE = {"demo.sh", "sft_engine_smoke.sh"}
+NOT_ONE_COMMAND_LINE = {"demo.sh", "demo_agent.sh", "sft_engine_smoke.sh"}
 TRAINING_RECIPES = sorted(path.name for path in (REPO / "recipes").glob("*.sh") if path.name not in NOT_ONE_COMMAND_LINE)
 
 

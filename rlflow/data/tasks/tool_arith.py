@@ -4,7 +4,9 @@ The tiny preset cannot multiply two 3-digit numbers in its head; with the ``calc
 copy the expression into a call and the tool's result into its answer. The SFT trace shows the Hermes
 tool-call format (``<tool_call>{"name": "calculator", "arguments": {...}}</tool_call>``, the one
 ``rollout.multi_turn.format=hermes`` reads), the tool's answer as a ``tool`` message, and the final answer
-after ``####``. RL rows name the ``tool_agent`` loop (``agent_name``).
+after ``####``. With ``direct_percent`` > 0 that share of the SFT traces answer at once instead, without the
+tool (a guess the model cannot make reliably), so the warm start calls the tool only sometimes and RL has a
+decision to learn. RL rows name the ``tool_agent`` loop (``agent_name``).
 """
 
 from __future__ import annotations
@@ -28,15 +30,20 @@ def tool_call_text(name: str, arguments: dict) -> str:
 @TASK_REGISTRY.register("tool_product")
 @dataclass(frozen=True)
 class ToolProductTask(SyntheticTask):
-    """The product of ``operands`` numbers of ``digits`` digits each (no leading zero)."""
+    """The product of ``operands`` numbers of ``digits`` digits each (no leading zero); ``direct_percent`` of the
+    SFT traces answer without calling the tool."""
 
     digits: int = 3
     operands: int = 2
+    direct_percent: int = 0
     ability = "tool_use"
     agent_name = "tool_agent"
 
     def __post_init__(self) -> None:
         check_positive(self.name, digits=self.digits, operands=self.operands)
+        if not 0 <= self.direct_percent <= 100:
+            raise ValueError(f"synthetic task {self.name!r}: option direct_percent must be in [0, 100], "
+                             f"got {self.direct_percent!r}")
 
     def sample(self, rng: random.Random) -> TaskExample:
         numbers = [rng.randint(10 ** (self.digits - 1), 10**self.digits - 1) for _ in range(self.operands)]
@@ -46,10 +53,12 @@ class ToolProductTask(SyntheticTask):
             answer *= number
         call = tool_call_text(CALCULATOR, {"expression": expression})
         final = f"{ANSWER_MARKER} {answer}"
+        direct = rng.randrange(100) < self.direct_percent
+        turns = () if direct else ({"role": "assistant", "content": call}, {"role": "tool", "content": str(answer)},
+                                   {"role": "assistant", "content": final})
         return TaskExample(
             prompt=f"What is {expression}? Use the calculator, then answer with the number after {ANSWER_MARKER}.",
             ground_truth=str(answer),
             solution=final,
-            turns=({"role": "assistant", "content": call}, {"role": "tool", "content": str(answer)},
-                   {"role": "assistant", "content": final}),
+            turns=turns,
         )
