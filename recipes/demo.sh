@@ -26,25 +26,8 @@ export WANDB_MODE=${WANDB_MODE:-offline} PYTHONUNBUFFERED=1
 
 # Same knobs as the last run: skip the phases it finished and resume the one it was in (from its
 # newest checkpoint). Other knobs: start over in a clean folder (no stale checkpoints).
-KNOBS="seed=$SEED steps=$STEPS sft_steps=$SFT_STEPS"
-if [[ -f "$OUT/knobs" && "$(cat "$OUT/knobs")" != "$KNOBS" ]]; then
-  echo "demo knobs changed ($(cat "$OUT/knobs") -> $KNOBS): starting over in $OUT"
-  rm -rf "$OUT"
-fi
-mkdir -p "$OUT"
-echo "$KNOBS" > "$OUT/knobs"
-
-phase() {  # phase NAME COMMAND...: run one phase unless an earlier run finished it; record its wall time
-  local name=$1 start=$SECONDS
-  shift
-  if [[ -f "$OUT/.done-$name" ]]; then
-    printf '\n==== [%s] finished by an earlier run with the same knobs, skipped\n' "$name"
-    return
-  fi
-  printf '\n==== [%s] %s\n' "$name" "$*"
-  "$@"
-  printf '%s\t%s\n' "$name" "$((SECONDS - start))" > "$OUT/.done-$name"
-}
+source recipes/lib/demo_phases.sh   # demo_start (the knob check) and phase
+demo_start "$OUT" "seed=$SEED steps=$STEPS sft_steps=$SFT_STEPS"
 
 # 1. The model: a ~0.7M-parameter Qwen2-architecture LM with a locally trained tokenizer (an HF folder).
 phase preset python -m rlflow.data.presets --out "$OUT/model" --preset tiny --seed "$SEED"

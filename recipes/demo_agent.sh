@@ -23,25 +23,8 @@ SFT_STEPS=${DEMO_SFT_STEPS:-700}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=${WANDB_MODE:-offline} PYTHONUNBUFFERED=1
 
-KNOBS="seed=$SEED steps=$STEPS sft_steps=$SFT_STEPS"
-if [[ -f "$OUT/knobs" && "$(cat "$OUT/knobs")" != "$KNOBS" ]]; then
-  echo "demo knobs changed ($(cat "$OUT/knobs") -> $KNOBS): starting over in $OUT"
-  rm -rf "$OUT"
-fi
-mkdir -p "$OUT"
-echo "$KNOBS" > "$OUT/knobs"
-
-phase() {  # phase NAME COMMAND...: run one phase unless an earlier run finished it; record its wall time
-  local name=$1 start=$SECONDS
-  shift
-  if [[ -f "$OUT/.done-$name" ]]; then
-    printf '\n==== [%s] finished by an earlier run with the same knobs, skipped\n' "$name"
-    return
-  fi
-  printf '\n==== [%s] %s\n' "$name" "$*"
-  "$@"
-  printf '%s\t%s\n' "$name" "$((SECONDS - start))" > "$OUT/.done-$name"
-}
+source recipes/lib/demo_phases.sh   # demo_start (the knob check) and phase
+demo_start "$OUT" "seed=$SEED steps=$STEPS sft_steps=$SFT_STEPS"
 
 # 1. The model: the tiny preset (0.7M parameters, a locally trained tokenizer), as an HF folder.
 phase preset python -m rlflow.data.presets --out "$OUT/model" --preset tiny --seed "$SEED"

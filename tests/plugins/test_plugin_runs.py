@@ -76,6 +76,7 @@ def assert_engine_ran_on_both_workers(markers: dict[str, dict[int, str]], driver
     return workers
 
 
+@pytest.mark.full  # make test: the main_ppo runs below run the plugin engine on both workers too
 @pytest.mark.timeout(600)
 def test_main_sft_runs_a_plugin_engine_on_ray_workers(assets, tmp_path):
     markers = tmp_path / "markers"
