@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from demo_runner import REPO, read_metrics
@@ -23,7 +25,8 @@ VAL_ACCURACY = "val-core/synthetic/tool_product/reward/mean@1"
 
 def test_the_agentic_demo_learns_to_use_the_calculator(tmp_path):
     out = tmp_path / "demo_agent"
-    env = {**os.environ, "DEMO_OUT": str(out), "DEMO_SEED": "0", "PYTHONUNBUFFERED": "1"}
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # the recipes call `python`, as `make` sets it up
+    env = {**os.environ, "PATH": path, "DEMO_OUT": str(out), "DEMO_SEED": "0", "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(["bash", str(REPO / "recipes" / "demo_agent.sh")], cwd=REPO, env=env, text=True,
                             capture_output=True, timeout=2200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -33,4 +36,4 @@ def test_the_agentic_demo_learns_to_use_the_calculator(tmp_path):
     assert accuracy["after_grpo"] >= accuracy["after_sft"] + 0.10
     assert accuracy["after_grpo"] >= 2 * baseline and accuracy["after_grpo"] > 0
     samples = (out / "samples.md").read_text()
-    assert "<tool_call>" in samples and "<|im_start|>tool" in samples, "samples.md shows whole trajectories"
+    assert "<tool_call>" in samples and r"<\|im_start\|>tool" in samples, "samples.md shows whole trajectories"
