@@ -43,6 +43,14 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     return {"model": model, "rl_train": root / "data" / "user_train.parquet", "sft_train": files["sft_train"]}
 
 
+def ppo_overrides(assets: dict[str, Path], run_dir: Path, train_file: Path, batch: int, response_length: int) -> list[str]:
+    """The one-step hf-rollout GRPO run both main_ppo plugin tests make, on ``train_file``."""
+    return [f"model.path={assets['model']}", "model.preset=null", f"data.train_files=[{train_file}]", "data.val_files=[]",
+            f"data.train_batch_size={batch}", f"data.max_response_length={response_length}",
+            f"actor.ppo_mini_batch_size={batch}", "rollout=hf", "rollout.n=2", "trainer.total_training_steps=1",
+            f"trainer.default_local_dir={run_dir}"]
+
+
 def run_entry(module: str, args: list[str], markers: Path, timeout: float = 540) -> tuple[subprocess.CompletedProcess, int]:
     """``python -m <module> *args`` from the repo root on a 2-worker local Ray; (result, the driver's pid)."""
     ray_dir = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay short
@@ -109,17 +117,7 @@ def test_main_ppo_runs_plugin_engine_loss_and_reward_in_their_processes(assets, 
         f"actor.engine.marker_dir={markers}",
         "actor.policy_loss.loss_mode=user_vanilla",
         "reward.num_workers=1",
-        f"model.path={assets['model']}",
-        "model.preset=null",
-        f"data.train_files=[{assets['rl_train']}]",
-        "data.val_files=[]",
-        "data.train_batch_size=2",
-        "data.max_response_length=8",
-        "actor.ppo_mini_batch_size=2",
-        "rollout=hf",
-        "rollout.n=2",
-        "trainer.total_training_steps=1",
-        f"trainer.default_local_dir={run_dir}",
+        *ppo_overrides(assets, run_dir, assets["rl_train"], batch=2, response_length=8),
     ], markers)
     assert result.returncode == 0, result.stderr[-4000:]
     found = read_markers(markers)
@@ -149,18 +147,8 @@ def test_main_ppo_runs_a_plugin_agent_loop_and_environment_in_the_rollout_worker
         f"actor.engine.marker_dir={markers}",
         "actor.engine.name=user_fsdp2",
         "rollout.multi_turn.enable=true",
-        f"model.path={assets['model']}",
-        "model.preset=null",
-        f"data.train_files=[{tmp_path / 'agent_rows.parquet'}]",
-        "data.val_files=[]",
-        "data.train_batch_size=16",
         "data.shuffle=false",
-        "data.max_response_length=24",
-        "actor.ppo_mini_batch_size=16",
-        "rollout=hf",
-        "rollout.n=2",
-        "trainer.total_training_steps=1",
-        f"trainer.default_local_dir={run_dir}",
+        *ppo_overrides(assets, run_dir, tmp_path / "agent_rows.parquet", batch=16, response_length=24),
     ], markers)
     assert result.returncode == 0, result.stderr[-4000:]
     found = read_markers(markers)

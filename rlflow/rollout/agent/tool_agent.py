@@ -11,12 +11,24 @@ model turns or ``max_user_turns`` tool turns, or when the response budget is spe
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 from rlflow.rollout.agent.loop import AGENT_LOOP_REGISTRY, AgentContext, AgentInput, AgentLoop
 from rlflow.rollout.agent.tools import ToolResult, build_tools, get_parser, run_tool_call
 from rlflow.rollout.agent.trajectory import Trajectory
 
 TRUNCATION_MARK = "...(truncated)..."
+_BUILT: dict[str, dict[str, Any]] = {}  # the tools of one (tools, options) config, built once per process
+
+
+def process_tools(names: list[str], options: dict[str, Any]) -> dict[str, Any]:
+    """``build_tools(names, options)``, built on the first call in this process and reused by every generation
+    call after it (the python tool probes the machine's isolation when it is built)."""
+    key = json.dumps([names, options], sort_keys=True, default=str)
+    if key not in _BUILT:
+        _BUILT[key] = build_tools(names, options)
+    return _BUILT[key]
 
 
 def truncate_text(text: str, limit: int, side: str) -> str:
@@ -39,7 +51,7 @@ class ToolAgentLoop(AgentLoop):
     def __init__(self, ctx: AgentContext):
         super().__init__(ctx)
         config = ctx.multi_turn
-        self.tools = build_tools(list(config.tools), dict(config.tool_options or {}))
+        self.tools = process_tools(list(config.tools), dict(config.tool_options or {}))
         self.parser = get_parser(config.format)
 
     async def run(self, sample: AgentInput) -> Trajectory:
