@@ -122,6 +122,7 @@ class VLLMRollout(BaseRollout):
     def add_request(self, request_id: str, request: GenerationRequest) -> None:
         """Queue one request on the engine (``LLMEngine.add_request``, as ``LLM.generate`` does for each prompt)."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         self._require_awake("generate")
         sampling = request.sampling
@@ -138,8 +139,9 @@ class VLLMRollout(BaseRollout):
             detokenize=bool(sampling.stop),
             allowed_token_ids=None if request.allowed_token_ids is None else list(request.allowed_token_ids),
         )
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # step() returns a request once, finished (as LLM.generate)
         lora_request = None if self._adapter is None else self._adapter.request
-        prompt = {"prompt_token_ids": list(request.prompt_ids)}
+        prompt = self._llm._preprocess_cmpl_one({"prompt_token_ids": list(request.prompt_ids)})  # LLM.generate's rendering
         self._llm.llm_engine.add_request(request_id, prompt, params, lora_request=lora_request)
 
     def step(self) -> list[tuple[str, Completion]]:
