@@ -77,7 +77,7 @@ test-gpu: install
 # Each bench writes outputs/bench/<name>.json; bench/report.py turns them into docs/benchmarks.md and its
 # PNG, with "not run" for a listed bench whose file or result is missing. A failed bench does not stop
 # the others; `make bench` then exits non-zero after writing the report.
-BENCH_NAMES := grpo_vs_trl engine_throughput rollout_throughput weight_sync dispatch_overhead update_overhead scaling lora service_sampling
+BENCH_NAMES := grpo_vs_trl engine_throughput rollout_throughput request_engines async_modes weight_sync dispatch_overhead update_overhead scaling lora service_sampling
 BENCHES := $(wildcard $(addprefix bench/,$(addsuffix .py,$(BENCH_NAMES))))
 
 bench: install

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
+from rlflow.config.async_schema import AsyncTrainingConfig
 from rlflow.config.multi_turn_schema import MultiTurnConfig
 from rlflow.config.ranges import (AT_LEAST_1, FINITE, FRACTION, NON_NEGATIVE, OFF_OR_AT_LEAST_1, POSITIVE, SEED, Range,
                                   Ranges)
@@ -352,6 +353,7 @@ class PPOConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)  # docs/async.md
 
 
 @dataclass

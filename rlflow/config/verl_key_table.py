@@ -320,6 +320,16 @@ PPO_SECTIONS.append(("trainer (main_ppo only)", [
     ("trainer.use_legacy_worker_impl", None, "one worker implementation"),
     ("global_profiler.*", None, NO_PROFILER),
 ]))
+NO_FULLY_ASYNC = "verl's fully-async trainer; rlflow's fully_async mode is not built yet (docs/async.md)"
+PPO_SECTIONS.append(("async_training (verl: the one-step-off and fully-async recipes)", [
+    (None, "async_training.mode", "sync | one_step_off; verl picks a recipe's entry point instead "
+                                  "(recipe/one_step_off_policy runs one_step_off)"),
+    (None, "async_training.rollout_correction", "asynchronous modes: token TIS unless algorithm.rollout_correction is set"),
+    ("async_training.staleness_threshold", None, NO_FULLY_ASYNC),
+    ("async_training.trigger_parameter_sync_step", None, NO_FULLY_ASYNC),
+    ("async_training.require_batches", None, NO_FULLY_ASYNC),
+    ("async_training.partial_rollout", None, NO_FULLY_ASYNC),
+]))
 
 SFT_SECTIONS: list[tuple[str, list[Row]]] = [
     ("model", [

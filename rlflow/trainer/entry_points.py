@@ -30,11 +30,13 @@ from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.rewards.custom import check_custom_function
 from rlflow.rollout import ROLLOUT_REGISTRY
 from rlflow.rollout.sampling import check_rollout_sampling
+from rlflow.trainer.async_checks import settle_async_training
 from rlflow.trainer.cluster_checks import check_local_cluster_fits
 from rlflow.trainer.placement import PLACEMENT_REGISTRY, processes_per_node
 from rlflow.trainer.preflight import preflight_ppo, preflight_sft
 from rlflow.trainer.run_intent import check_run_intent
 from rlflow.trainer.sft_launchers import LAUNCHER_REGISTRY
+from rlflow.trainer.training_modes import TRAINING_MODE_REGISTRY
 from rlflow.workers.ray_connect import check_cluster_reachable
 
 # Where the `engine` group is mounted in each entry point's config.
@@ -67,7 +69,8 @@ def _check_sft_cluster(config: DictConfig) -> None:
 
 
 def _ppo_choices() -> list[Choice]:
-    return [*run_choices(), Choice("trainer.placement", PLACEMENT_REGISTRY), *ppo_algorithm_choices(),
+    return [*run_choices(), Choice("trainer.placement", PLACEMENT_REGISTRY),
+            Choice("async_training.mode", TRAINING_MODE_REGISTRY), *ppo_algorithm_choices(),
             *rollout_choices(), *mounted_engine_choices(PPO_ENGINE_MOUNTS)]
 
 
@@ -84,8 +87,8 @@ PPO_ENTRY = EntryPoint(
     engine_mounts=PPO_ENGINE_MOUNTS,
     policy_mounts=("actor.engine",),
     group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
-    checks=(_check_lora_sync, check_rollout_memory, check_rollout_sampling, check_rollout_correction, check_custom_function,
-            check_run_intent),
+    checks=(_check_lora_sync, check_rollout_memory, check_rollout_sampling, settle_async_training, check_rollout_correction,
+            check_custom_function, check_run_intent),
     machine_checks=(_check_ppo_cluster,),
     preflight=preflight_ppo,
 )

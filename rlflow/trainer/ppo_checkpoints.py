@@ -8,6 +8,7 @@ the data loader's position, the KL coefficient, the RNG states and the divergenc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rlflow.trainer.phases.context import PhaseContext
 from rlflow.trainer.ppo_setup import PPOSetup
@@ -22,8 +23,9 @@ logger = get_logger(__name__)
 DRIVER_STATE_KEYS = ("global_step", "dataloader", "kl_coef", "rng", "divergence_guard")
 
 
-def save_step(setup: PPOSetup, ctx: PhaseContext, step: int) -> None:
-    """Worker checkpoints plus driver state under ``global_step_{step}``, atomically."""
+def save_step(setup: PPOSetup, ctx: PhaseContext, step: int, loader_state: dict[str, Any]) -> None:
+    """Worker checkpoints plus driver state under ``global_step_{step}``, atomically; ``loader_state`` is the
+    loader's position after this step's batch (the loader may have given later batches since)."""
     roles = ctx.roles
 
     def save_workers(folder: Path) -> None:
@@ -31,7 +33,7 @@ def save_step(setup: PPOSetup, ctx: PhaseContext, step: int) -> None:
         if ctx.plan.use_critic:
             roles.critic.save_checkpoint(str(folder / "critic"))
 
-    state = {"global_step": step, "dataloader": setup.train_loader.state_dict(), "kl_coef": ctx.kl_ctrl.value,
+    state = {"global_step": step, "dataloader": loader_state, "kl_coef": ctx.kl_ctrl.value,
              "rng": get_rng_state(), "divergence_guard": ctx.guard.state_dict()}
     path = setup.checkpoints.save(step, state, save_workers)
     logger.info("saved checkpoint %s", path)

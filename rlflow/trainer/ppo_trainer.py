@@ -1,25 +1,25 @@
 """The PPO/GRPO driver loop: one controller process that moves ``DataProto`` batches between worker groups.
 
 ``PPOTrainer`` sets the run up (``ppo_setup``: all checks before Ray, then the roles), resumes
-(``ppo_checkpoints``), and runs ``run_step`` (``phases/step.py``: generate -> score -> log-probs
-and values -> advantages -> critic and actor updates -> weight sync) once per step, with
-validation, logging, checkpoints and the final export around it. The controller holds no model
-weights.
+(``ppo_checkpoints``), and runs the steps through the training mode ``async_training.mode`` names
+(``training_modes.py``; each step is ``run_step``, ``phases/step.py``: generate -> score -> log-probs
+and values -> advantages -> critic and actor updates -> weight sync), with validation, logging,
+checkpoints and the final export around them. The controller holds no model weights.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Optional
+from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.observability.tracking import Tracking
-from rlflow.protocol import DataProto
-from rlflow.trainer.phases import PhaseContext, run_step, validate
+from rlflow.trainer.phases import PhaseContext, validate
 from rlflow.trainer.ppo_checkpoints import export_actor, resume, save_step
 from rlflow.trainer.ppo_setup import prepare_run, start_roles
 from rlflow.trainer.preemption import PreemptionFlag
 from rlflow.trainer.run_folder import open_run_folder
+from rlflow.trainer.training_modes import TRAINING_MODE_REGISTRY, BatchSource
 from rlflow.utils.logging import get_logger
 from rlflow.workers import shutdown_ray
 
@@ -34,12 +34,6 @@ def run_ppo(config: DictConfig) -> None:
             trainer.fit()
         finally:
             trainer.shutdown()
-
-
-def endless(loader: Iterable[DataProto]) -> Iterator[DataProto]:
-    """The loader's batches, epoch after epoch (each new pass over the loader is its next epoch)."""
-    while True:
-        yield from loader
 
 
 class PPOTrainer:
@@ -65,17 +59,17 @@ class PPOTrainer:
                                  OmegaConf.to_container(self.config), trainer.default_local_dir, setup.total_steps)
         if trainer.val_before_train and start_step == 0 and setup.val_loader is not None:
             self.tracking.log(validate(ctx, setup.val_loader), step=0)
-        batches = endless(setup.train_loader)
+        steps = TRAINING_MODE_REGISTRY.get(self.config.async_training.mode)(
+            ctx, BatchSource(setup.train_loader), range(start_step + 1, setup.total_steps + 1))
         with PreemptionFlag() as preemption:
-            for step in range(start_step + 1, setup.total_steps + 1):
-                metrics = run_step(ctx, next(batches), step)
-                metrics["training/epoch"] = setup.train_loader.epoch
+            for trained in steps:
+                step, metrics = trained.step, trained.metrics
                 last = step == setup.total_steps
                 if setup.val_loader is not None and (last or (trainer.test_freq > 0 and step % trainer.test_freq == 0)):
                     metrics.update(validate(ctx, setup.val_loader))
                 self.tracking.log(metrics, step=step)
                 if last or preemption.requested or (trainer.save_freq > 0 and step % trainer.save_freq == 0):
-                    save_step(setup, ctx, step)
+                    save_step(setup, ctx, step, trained.loader_state)
                 if preemption.requested and not last:
                     logger.warning("preempted after step %d: checkpoint saved; run the same command to resume", step)
                     return

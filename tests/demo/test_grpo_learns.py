@@ -11,6 +11,9 @@ the train/inference log-prob mismatch at fp32 noise (issue 14).
 ``recipes/grpo_lora_tiny_cpu.sh`` (LoRA adapters on the FSDP2 actor, the reference from its
 disabled adapters, merged weights synced into vLLM) must gain at least half of what the full
 fine-tuning run gained, from the same warm start in as many steps (issue 19).
+``async_training.mode=one_step_off`` (split placement: actor, reference and rollout pools, samples one
+version old, token TIS on by default) must gain at least the sync run's gain less ``ONE_STEP_OFF_TOLERANCE``
+from the same warm start with as many samples (issue 43; a larger gain passes).
 
 MARGIN: docs/demo.md has the measurements behind it. The torchtitan and megatron runs are in the
 ``full`` tier (``make test-full``); each starts only when its test runs.
@@ -26,6 +29,9 @@ from demo_runner import REPO, VAL_ACCURACY, RecipeProcess, read_metrics, run_rec
 pytestmark = pytest.mark.timeout(1800)
 
 MARGIN = 0.08
+ONE_STEP_OFF_TOLERANCE = 0.05  # issue 43: within 5 points of the sync run's gain (docs/async.md has the measurements)
+ONE_STEP_OFF = ["async_training.mode=one_step_off", "trainer.placement=split", "rollout.num_replicas=1",
+                "trainer.cpus_per_proc=0.5"]  # three processes (actor, reference, rollout) on two cores
 
 
 def test_grpo_raises_val_accuracy_from_a_warm_start(demo):
@@ -90,6 +96,21 @@ def test_grpo_on_the_megatron_engine_at_tp2_learns_as_much(demo, tmp_path):
     assert_learns(records)
     mismatch = [r["rollout/logprob_diff_mean"] for r in records if "rollout/logprob_diff_mean" in r]
     assert mismatch and max(mismatch) <= 1e-4, f"train/inference log-prob mismatch {max(mismatch):.2e} is above fp32 noise"
+
+
+@pytest.mark.full  # make test: one_step_off's staleness, correction and resume (tests/ppo/test_one_step_off.py)
+def test_grpo_one_step_off_gains_as_much_as_sync(demo, tmp_path):
+    out = tmp_path / "grpo_one_step_off"
+    run_recipe(REPO / "recipes" / "grpo_tiny_cpu.sh", _warm_start_env(demo, out), ONE_STEP_OFF,
+               log_path=out.with_suffix(".log"))
+    sync, one_step_off = demo.metrics("grpo"), read_metrics(out)
+    assert one_step_off[0][VAL_ACCURACY] == sync[0][VAL_ACCURACY], "the runs did not start from the same warm start"
+    assert [r["async/staleness/max"] for r in one_step_off if "async/staleness/max" in r][1:] == [1] * (demo.grpo_steps - 1)
+    sync_gain = sync[-1][VAL_ACCURACY] - sync[0][VAL_ACCURACY]
+    one_step_off_gain = one_step_off[-1][VAL_ACCURACY] - one_step_off[0][VAL_ACCURACY]
+    print(f"val accuracy gain in {demo.grpo_steps} steps: sync {sync_gain:.3f}, one_step_off {one_step_off_gain:.3f}")
+    assert sync_gain > MARGIN, f"the sync run gained only {sync_gain:.3f}: nothing to compare with"
+    assert one_step_off_gain >= sync_gain - ONE_STEP_OFF_TOLERANCE, "one step off lost more than the tolerance"
 
 
 def assert_learns(records: list[dict]) -> None:

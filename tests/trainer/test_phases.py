@@ -32,6 +32,7 @@ from rlflow.trainer.phases.base import Phase, PhaseKeyError, StepRecord
 from rlflow.trainer.phases.generate import GreedyBaselines
 from rlflow.trainer.phases.rollout_correction import RolloutCorrection
 from rlflow.trainer.response_scoring import ResponseScorer
+from rlflow.trainer.training_modes import TRAINING_MODE_REGISTRY, BatchSource
 
 PROMPTS, RESPONSE, PAD = 4, 6, 0
 ROLLOUT_LOG_PROB, OLD_LOG_PROB = -0.5, -0.45  # the stand-in rollout's and old-log-prob pass's value of every token
@@ -273,3 +274,35 @@ def test_the_rejection_masks_the_perturbed_rows_of_a_new_batch_and_reports_the_w
     assert kept == [4, 0, 4, 4, 0, 4] and batch.batch["response_mask"].sum().item() == rows * 4  # the input is unchanged
     assert record.metrics["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(2 / 6)
     assert record.metrics["rollout/logprob_diff_mean"] == pytest.approx(0.5 * 2 / 6)  # before rejection
+
+
+class _Loader:
+    """The stand-in prompts, batch after batch; its state is the number of batches it has given."""
+
+    epoch = 0
+
+    def __init__(self) -> None:
+        self.given = 0
+
+    def __iter__(self):
+        while True:
+            self.given += 1
+            yield _prompts()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"given": self.given}
+
+
+def test_one_step_off_sends_the_next_generation_before_the_step_trains_and_checkpoints_the_trained_batch():
+    calls: list[tuple[str, Any]] = []
+    ctx = _context(["async_training.mode=one_step_off", "trainer.placement=split"], calls)
+    trained = list(TRAINING_MODE_REGISTRY.get("one_step_off")(ctx, BatchSource(_Loader()), range(1, 4)))
+    sent = [i for i, (name, _) in enumerate(calls) if name == "generate_sequences"]
+    synced = [i for i, (name, _) in enumerate(calls) if name == "sync_weights"]
+    assert len(sent) == 3 and len(synced) == 3
+    # step 2's samples were sent before step 1's weight sync, step 3's after it and before step 2's
+    assert sent[1] < synced[0] < sent[2] < synced[1]
+    assert [calls[i][1].meta_info[GLOBAL_STEP.name] for i in sent] == [1, 2, 3]  # the seeds of the sync run's steps
+    assert [step.metrics["async/staleness/max"] for step in trained] == [0, 1, 1]
+    assert [step.loader_state["given"] for step in trained] == [1, 2, 3]  # the loader had given one more each time
+    assert all(any(key.startswith("rollout_corr/") for key in step.metrics) for step in trained)  # on by default

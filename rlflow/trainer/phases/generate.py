@@ -5,22 +5,23 @@ from __future__ import annotations
 import torch
 
 from rlflow.meta_info import GLOBAL_STEP, METRICS, TEMPERATURE, VALIDATE
-from rlflow.protocol import DataProto
+from rlflow.protocol import DataProto, DataProtoFuture
 from rlflow.trainer.batch_balance import balance_batch
-from rlflow.trainer.phases.base import BatchKeys, Phase
+from rlflow.trainer.phases.base import BatchKeys, Phase, RolePass
 from rlflow.trainer.phases.columns import ROLLOUT_COLUMNS, ROLLOUT_LOG_PROBS
 from rlflow.trainer.phases.context import PhaseContext, StepState
 
-__all__ = ["Balance", "Generate", "GreedyBaselines"]
+__all__ = ["Balance", "Generate", "GreedyBaselines", "SentGenerate"]
 
 
-class Generate(Phase):
+class Generate(RolePass):
     """``rollout.n`` samples per prompt from the rollout replicas, with the rollout's metrics.
 
     Its input is the step's prompts (``input_ids``/``attention_mask``/``position_ids`` and the
     loader's non-tensor columns); its output is the step's batch, whose ``meta_info`` carries
     ``TEMPERATURE`` (the log-prob passes use the sampling temperature) and ``GLOBAL_STEP``. With
-    ``rollout.calculate_log_probs`` it also holds ``rollout_log_probs``.
+    ``rollout.calculate_log_probs`` it also holds ``rollout_log_probs``. ``start`` sends the request
+    without waiting (the one-step-off loop sends the next step's while this one trains).
     """
 
     name = "generate"
@@ -30,14 +31,36 @@ class Generate(Phase):
         log_probs = (ROLLOUT_LOG_PROBS,) if ctx.config.rollout.calculate_log_probs else ()
         return BatchKeys(self.reads, ROLLOUT_COLUMNS + log_probs)
 
-    def run(self, ctx: PhaseContext, prompts: DataProto, state: StepState) -> DataProto:
+    def start(self, ctx: PhaseContext, prompts: DataProto, state: StepState) -> DataProtoFuture:
         request = prompts.select()
-        request.meta_info[GLOBAL_STEP.name] = state.step
-        batch = ctx.roles.rollout.generate_sequences(request)
+        request.meta_info[GLOBAL_STEP.name] = state.step  # the sampling seeds: the same whenever it is sent
+        return ctx.roles.rollout.generate_sequences.future(request)
+
+    def run(self, ctx: PhaseContext, prompts: DataProto, state: StepState) -> DataProto:
+        return self.finish(ctx, self.start(ctx, prompts, state).get(), state)
+
+    @staticmethod
+    def finish(ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
+        """The rollout's output as the step's batch: its metrics, the sampling temperature and the step in ``meta_info``."""
         metrics = METRICS.pop(batch.meta_info)
         batch.meta_info = {TEMPERATURE.name: ctx.config.rollout.temperature, GLOBAL_STEP.name: state.step,
                            METRICS.name: metrics}
         return batch
+
+
+class SentGenerate(Phase):
+    """A ``Generate`` sent earlier (``Generate.start``); running it waits for the samples."""
+
+    name = Generate.name
+
+    def __init__(self, sent: DataProtoFuture):
+        self.sent = sent
+
+    def keys(self, ctx: PhaseContext, state: StepState) -> BatchKeys:
+        return Generate().keys(ctx, state)
+
+    def run(self, ctx: PhaseContext, prompts: DataProto, state: StepState) -> DataProto:
+        return Generate.finish(ctx, self.sent.get(), state)
 
 
 class Balance(Phase):

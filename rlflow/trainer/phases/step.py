@@ -9,12 +9,14 @@ phases with its own ``StepRecord``.
 
 from __future__ import annotations
 
-from rlflow.protocol import DataProto
+from typing import Optional
+
+from rlflow.protocol import DataProto, DataProtoFuture
 from rlflow.trainer.phases.advantages import Advantages
 from rlflow.trainer.phases.base import StepRecord
 from rlflow.trainer.phases.context import PhaseContext, StepState
 from rlflow.trainer.phases.forward_passes import forward_passes
-from rlflow.trainer.phases.generate import Balance, Generate, GreedyBaselines
+from rlflow.trainer.phases.generate import Balance, Generate, GreedyBaselines, SentGenerate
 from rlflow.trainer.phases.rollout_correction import RolloutCorrection
 from rlflow.trainer.phases.scoring import Score
 from rlflow.trainer.phases.sync import RolloutSleep, WeightSync
@@ -24,12 +26,15 @@ from rlflow.trainer.ppo_metrics import step_end_metrics
 __all__ = ["run_step"]
 
 
-def run_step(ctx: PhaseContext, prompts: DataProto, step: int) -> dict[str, float]:
-    """Step ``step`` on a batch of prompts; returns the step's metrics (``timing_s/<name>`` per timed block)."""
+def run_step(ctx: PhaseContext, prompts: DataProto, step: int, sent: Optional[DataProtoFuture] = None) -> dict[str, float]:
+    """Step ``step`` on a batch of prompts; returns the step's metrics (``timing_s/<name>`` per timed block).
+
+    ``sent``: this step's generation, already sent (``Generate.start``); the step waits for it instead of sending one.
+    """
     state, record = StepState.begin(ctx, prompts, step), StepRecord()
     with record.timed("step"):
         with record.timed("gen"):
-            batch = record.produce(Generate(), ctx, prompts, state)
+            batch = record.produce(Generate() if sent is None else SentGenerate(sent), ctx, prompts, state)
         batch = record.produce(Balance(), ctx, batch, state)
         with record.timed("reward"):
             record.add(Score(), ctx, batch, state)
