@@ -6,7 +6,7 @@ rollout is built. See docs/rollout.md.
 """
 
 from rlflow.rollout import hf_rollout, vllm_rollout  # noqa: F401  (register the backends)
-from rlflow.rollout.base import ROLLOUT_REGISTRY, BaseRollout, build_rollout, rollout_names
+from rlflow.rollout.base import ROLLOUT_REGISTRY, BaseRollout, build_rollout, check_tensor_parallel_size, rollout_names
 from rlflow.rollout.lora_adapter import LORA_SYNC_MODES, syncs_adapters
 from rlflow.rollout.metrics import rollout_mismatch_metrics
 from rlflow.rollout.processing import PromptTooLongError
@@ -21,6 +21,7 @@ __all__ = [
     "Sampling",
     "WeightSyncError",
     "build_rollout",
+    "check_tensor_parallel_size",
     "iter_buckets",
     "publish_weights",
     "resolve_sampling",

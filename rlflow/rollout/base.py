@@ -46,12 +46,15 @@ class BaseRollout(ABC):
     ``config`` is a ``RolloutConfig`` (dataclass or OmegaConf node); ``model_path`` an HF folder;
     ``replica_rank`` tells replicas apart so seeded sampling differs between them. A backend that
     applies LoRA adapters at generation (``rollout.lora_sync=adapter``) sets ``takes_lora_adapters``
-    and implements ``update_lora_adapter``.
+    and implements ``update_lora_adapter``. ``max_tensor_parallel_size`` is the largest
+    ``rollout.tensor_parallel_size`` a backend runs (``check_tensor_parallel_size``).
     """
 
     takes_lora_adapters: ClassVar[bool] = False
+    max_tensor_parallel_size: ClassVar[int] = 1  # one engine per worker process, in-process
 
     def __init__(self, config: Any, model_path: str | Path, device: str | torch.device = "auto", replica_rank: int = 0):
+        check_tensor_parallel_size(config)
         self.config = config
         self.model_path = str(model_path)
         self.device = device if isinstance(device, torch.device) else get_torch_device(str(device))
@@ -233,3 +236,19 @@ def build_rollout(
 ) -> BaseRollout:
     """The backend named by ``config.name``, built for ``model_path`` on ``device``."""
     return ROLLOUT_REGISTRY.get(config.name)(config, model_path, device, replica_rank)
+
+
+def check_tensor_parallel_size(config: Any) -> None:
+    """One ``ConfigError`` line when ``config.tensor_parallel_size`` is more than the backend ``config.name`` runs.
+
+    Config loading calls it before Ray starts; each rollout calls it again as it is built (the Tinker service,
+    a rollout built by hand).
+    """
+    backend = ROLLOUT_REGISTRY.get(config.name)
+    size = int(config.tensor_parallel_size)
+    if size > backend.max_tensor_parallel_size:
+        raise ConfigError(
+            f"config key 'rollout.tensor_parallel_size': the {config.name} rollout runs one engine inside each rollout "
+            f"worker process, at tensor parallel size {backend.max_tensor_parallel_size}; got {size}; run more replicas "
+            f"(rollout.num_replicas) instead"
+        )

@@ -73,11 +73,6 @@ class VLLMRollout(BaseRollout):
 
     def __init__(self, config: Any, model_path: str | Path, device: str | torch.device = "auto", replica_rank: int = 0):
         super().__init__(config, model_path, device, replica_rank)
-        if int(config.tensor_parallel_size) != 1:
-            raise ConfigError(
-                f"config key 'rollout.tensor_parallel_size': the in-process vLLM engine supports 1, got "
-                f"{config.tensor_parallel_size}; run more replicas (rollout.num_replicas) instead"
-            )
         self._on_cpu = self.device.type == "cpu"
         self._adapter = LocalAdapter(config) if syncs_adapters(config) else None
         self._sleep_enabled = bool(config.free_cache_engine) and (not self._on_cpu or vllm_cpu_compat.SLEEP_SUPPORTED)

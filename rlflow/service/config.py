@@ -26,6 +26,7 @@ from rlflow.config.schema import ClusterConfig, RolloutConfig
 from rlflow.engines.base import Capability
 from rlflow.engines.registry import ENGINE_REGISTRY, engines_with
 from rlflow.errors import UserError
+from rlflow.rollout import check_tensor_parallel_size
 from rlflow.rollout.sampling import check_rollout_sampling
 from rlflow.service.catalogue import BaseModel, load_base_models
 from rlflow.utils.device import DEVICES
@@ -88,6 +89,7 @@ def _check_service(config: DictConfig) -> None:
                           f"sends no other), got {len(bad)} that do not")
     if not service.models:
         raise ConfigError("config key 'service.models': name at least one base model, e.g. service.models.tiny=/path/to/hf")
+    check_tensor_parallel_size(config.rollout)
     if not config.rollout.calculate_log_probs:
         raise ConfigError("config key 'rollout.calculate_log_probs': the service's samples carry each token's log-prob "
                           "(Tinker's SampleResponse); leave it true")

@@ -28,7 +28,7 @@ from rlflow.config.loading.entry_point import EntryPoint
 from rlflow.config.loading.rollout_memory import check_rollout_memory
 from rlflow.config.schema import PPOConfig, SFTConfig
 from rlflow.rewards.custom import check_custom_function
-from rlflow.rollout import ROLLOUT_REGISTRY
+from rlflow.rollout import ROLLOUT_REGISTRY, check_tensor_parallel_size
 from rlflow.rollout.sampling import check_rollout_sampling
 from rlflow.trainer.async_checks import settle_async_training
 from rlflow.trainer.cluster_checks import check_local_cluster_fits
@@ -54,6 +54,10 @@ def _check_lora_sync(config: DictConfig) -> None:
     if not ROLLOUT_REGISTRY.get(config.rollout.name).takes_lora_adapters:
         raise ConfigError(f"config key 'rollout.lora_sync': the {config.rollout.name} rollout takes merged weights only; "
                           "set rollout.lora_sync=merged or rollout=vllm")
+
+
+def _check_rollout_tensor_parallel(config: DictConfig) -> None:
+    check_tensor_parallel_size(config.rollout)
 
 
 def _check_ppo_cluster(config: DictConfig) -> None:
@@ -87,7 +91,7 @@ PPO_ENTRY = EntryPoint(
     engine_mounts=PPO_ENGINE_MOUNTS,
     policy_mounts=("actor.engine",),
     group_shorthands={mount: "engine" for mount in PPO_ENGINE_MOUNTS},  # actor.engine=fsdp
-    checks=(_check_lora_sync, check_rollout_memory, check_rollout_sampling, settle_async_training, check_rollout_correction,
+    checks=(_check_lora_sync, _check_rollout_tensor_parallel, check_rollout_memory, check_rollout_sampling, settle_async_training, check_rollout_correction,
             check_custom_function, check_run_intent),
     machine_checks=(_check_ppo_cluster,),
     preflight=preflight_ppo,

@@ -130,7 +130,7 @@ CONSUMED_IN: dict[str, tuple[str, ...]] = {
     "rollout.prompt_length": ("rlflow/rollout/base.py",),
     "rollout.response_length": ("rlflow/rollout/base.py",),
     "rollout.temperature": ("rlflow/rollout/sampling.py",),
-    "rollout.tensor_parallel_size": ("rlflow/rollout/vllm_rollout.py",),
+    "rollout.tensor_parallel_size": ("rlflow/rollout/base.py",),
     "rollout.top_k": ("rlflow/rollout/sampling.py",),
     "rollout.top_p": ("rlflow/rollout/sampling.py",),
     "rollout.val_kwargs.do_sample": ("rlflow/rollout/sampling.py",),
