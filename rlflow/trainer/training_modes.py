@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from rlflow.config import ConfigError
-from rlflow.protocol import DataProto
+from rlflow.protocol import DataProto, DataProtoFuture
 from rlflow.trainer.phases import PhaseContext, StepState, run_step
 from rlflow.trainer.phases.generate import Generate
 from rlflow.utils.registry import Registry
@@ -75,26 +75,37 @@ def sync_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> Iterator
         yield TrainedStep(step, {**metrics, "training/epoch": drawn.epoch}, drawn.loader_state)
 
 
+@dataclass(frozen=True)
+class _SentBatch:
+    """A drawn batch whose generation was sent, and the policy version (actor updates) that samples it."""
+
+    drawn: DrawnBatch
+    generation: DataProtoFuture
+    version: int
+
+
+def _send(ctx: PhaseContext, source: BatchSource, step: int, version: int) -> _SentBatch:
+    """Draw step ``step``'s batch and send its generation (seeded by ``step``, as the sync run seeds it)."""
+    drawn = source.draw()
+    return _SentBatch(drawn, Generate().start(ctx, drawn.prompts, StepState.begin(ctx, drawn.prompts, step)), version)
+
+
 @TRAINING_MODE_REGISTRY.register("one_step_off")
 def one_step_off_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> Iterator[TrainedStep]:
     """Send step k+1's generation, then train step k on the samples sent one step earlier."""
     if not steps:
         return
     version = 0  # actor updates made by this run
-    current = source.draw()
-    sent, sent_version = Generate().start(ctx, current.prompts, StepState.begin(ctx, current.prompts, steps[0])), version
+    current = _send(ctx, source, steps[0], version)
     for step in steps:
-        ahead = None
-        if step != steps[-1]:
-            ahead = source.draw()
-            ahead_sent = Generate().start(ctx, ahead.prompts, StepState.begin(ctx, ahead.prompts, step + 1))
-            ahead_version = version  # sent before this step's update: sampled by the weights of the last sync
-        metrics = run_step(ctx, current.prompts, step, sent)
-        staleness = version - sent_version
-        metrics.update({"training/epoch": current.epoch, "async/policy_version": sent_version,
+        # sent before this step's update: sampled by the weights of the last sync
+        ahead = _send(ctx, source, step + 1, version) if step != steps[-1] else None
+        prompts = current.drawn.prompts
+        metrics = run_step(ctx, prompts, step, current.generation)
+        staleness = version - current.version
+        metrics.update({"training/epoch": current.drawn.epoch, "async/policy_version": current.version,
                         "async/staleness/mean": staleness, "async/staleness/max": staleness})
-        if StepState.begin(ctx, current.prompts, step).update_actor:
+        if StepState.begin(ctx, prompts, step).update_actor:
             version += 1
-        yield TrainedStep(step, metrics, current.loader_state)
-        if ahead is not None:
-            current, sent, sent_version = ahead, ahead_sent, ahead_version
+        yield TrainedStep(step, metrics, current.drawn.loader_state)
+        current = ahead
