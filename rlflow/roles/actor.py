@@ -6,7 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from rlflow.meta_info import COMPUTE_ENTROPY, METRICS, OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, TEMPERATURE
+from rlflow.meta_info import (
+    COMPUTE_ENTROPY,
+    METRICS,
+    OLD_LOG_PROBS_FROM_UPDATE,
+    ROLLOUT_CORRECTION,
+    ROLLOUT_IS_IN_LOSS,
+    TEMPERATURE,
+)
 from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import engine_batch
@@ -72,19 +79,24 @@ class Actor(EngineRole):
         ``ValueError`` (it has no loss).
 
         Rollout correction: ``rollout_is_weights`` (decoupled mode) go to the loss when the batch holds
-        them, and ``ROLLOUT_CORRECTION`` in ``meta_info`` (bypass mode) selects the bypass loss; its
+        them; ``ROLLOUT_IS_IN_LOSS`` (an on-policy batch) sends ``rollout_log_probs`` instead, and the loss computes
+        the weights from its detached log-probs; ``ROLLOUT_CORRECTION`` in ``meta_info`` (bypass mode) selects the bypass loss; its
         ``rollout_corr/*`` metrics come back with the ``actor/*`` ones. Bypass mode has no old-log-prob
         pass, so entropy is computed here and reported as the loss's ``actor/entropy``.
         """
         require_rows(data, "Actor.forward_backward")
         on_policy = OLD_LOG_PROBS_FROM_UPDATE.read(data.meta_info)
-        bypass = ROLLOUT_CORRECTION.read(data.meta_info)
+        bypass, is_in_loss = ROLLOUT_CORRECTION.read(data.meta_info), ROLLOUT_IS_IN_LOSS.read(data.meta_info)
         if on_policy and bypass is not None:
             raise ValueError("bypass mode takes the rollout's log-probs as the old ones; the batch cannot also ask "
                              f"for the update forward's ({OLD_LOG_PROBS_FROM_UPDATE.name})")
+        if is_in_loss is not None and not on_policy:
+            raise ValueError(f"{ROLLOUT_IS_IN_LOSS.name} computes IS weights from the update forward's log-probs; "
+                             f"the batch must also set {OLD_LOG_PROBS_FROM_UPDATE.name}")
         inputs = ("advantages",) if on_policy else POLICY_INPUTS
         extra = inputs + (("ref_log_prob",) if self.actor_config.use_kl_loss else ())
         extra += tuple(key for key in ROLLOUT_CORRECTION_INPUTS if key in data.batch)
+        extra += ("rollout_log_probs",) if is_in_loss is not None else ()
         view = engine_batch(data, extra_keys=extra)
         view.meta_info = {
             TEMPERATURE.name: TEMPERATURE.read(data.meta_info),
@@ -94,6 +106,8 @@ class Actor(EngineRole):
         }
         if bypass is not None:
             view.meta_info[ROLLOUT_CORRECTION.name] = bypass
+        if is_in_loss is not None:
+            view.meta_info[ROLLOUT_IS_IN_LOSS.name] = is_in_loss
         with self.engine.train_mode():
             outputs, metrics = self.engine.forward_backward(view, self.loss_fn)
         result = response_columns(outputs, data) if on_policy and self.engine.mesh.is_collect else DataProto()

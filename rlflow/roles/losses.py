@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from rlflow.algos import agg_loss, compute_value_loss, get_policy_loss_fn, kl_penalty, masked_mean
-from rlflow.algos.rollout_correction import BYPASS_LOSS_MODE
+from rlflow.algos.rollout_correction import BYPASS_LOSS_MODE, compute_rollout_correction_weights
 from rlflow.engines.base import LossContext, LossFn
-from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION
+from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, ROLLOUT_IS_IN_LOSS
 from rlflow.protocol import DataProto
 from rlflow.roles.batch_views import response_length, response_slice, state_values_slice
 
@@ -35,7 +35,8 @@ def make_policy_loss_fn(actor_config: Any) -> LossFn:
 
     The old log-probs are ``micro.batch["old_log_probs"]``, or the detached current ones when
     ``OLD_LOG_PROBS_FROM_UPDATE`` (``rlflow.meta_info``) is set in ``micro.meta_info``. Rollout correction: a
-    batch's ``rollout_is_weights`` go to the loss as ``rollout_is_weights=``; a batch whose
+    batch's ``rollout_is_weights`` go to the loss as ``rollout_is_weights=``; with ``ROLLOUT_IS_IN_LOSS`` they
+    are computed here, from the detached log-probs against the batch's ``rollout_log_probs``; a batch whose
     ``ROLLOUT_CORRECTION`` meta_info holds bypass-mode settings runs the ``bypass_mode``
     loss with them as ``config.policy_loss.rollout_correction``. Entropy, when the engine computed
     it, is reported as ``actor/entropy`` and enters the loss only with a non-zero ``entropy_coeff``.
@@ -59,7 +60,8 @@ def make_policy_loss_fn(actor_config: Any) -> LossFn:
         else:
             settings = SimpleNamespace(**plain_policy_loss, rollout_correction=bypass)
             policy_fn, loss_config = bypass_loss, LossConfigView(plain_config, global_batch_info=info, policy_loss=settings)
-        weights = micro.batch.get("rollout_is_weights")
+        weights = _in_loss_is_weights(old_log_prob, micro, mask) if ROLLOUT_IS_IN_LOSS.read(micro.meta_info) \
+            else micro.batch.get("rollout_is_weights")
         extra = {} if weights is None else {"rollout_is_weights": weights}
         pg_loss, metrics = policy_fn(old_log_prob, log_prob, micro.batch["advantages"], mask, agg_mode, loss_config, **extra)
         loss = pg_loss
@@ -77,6 +79,14 @@ def make_policy_loss_fn(actor_config: Any) -> LossFn:
         return loss, metrics
 
     return loss_fn
+
+
+def _in_loss_is_weights(old_log_prob: torch.Tensor, micro: DataProto, mask: torch.Tensor) -> torch.Tensor:
+    """Decoupled rollout correction's IS weights of an on-policy micro-batch (its old log-probs are the update's)."""
+    settings = ROLLOUT_IS_IN_LOSS.read(micro.meta_info)
+    log_ratio = old_log_prob - micro.batch["rollout_log_probs"]
+    weights, _ = compute_rollout_correction_weights(log_ratio, mask, settings["rollout_is"], settings["rollout_is_threshold"])
+    return weights
 
 
 def make_value_loss_fn(critic_config: Any) -> LossFn:

@@ -11,9 +11,12 @@ the separate forward pass is skipped. ``actor.recompute_old_log_probs`` picks th
 * ``auto``: reuse the update's forward where ``recompute_reason`` finds nothing against it;
 * ``always``: always run the separate forward pass.
 
-Rollout correction turns the reuse off: its weights and rejection compare the old log-probs with
-the rollout's before the update (a separate pass computes them), and in bypass mode the old
-log-probs are the rollout's own (no pass at all: ``RolloutCorrection`` in ``phases``).
+Rollout correction keeps the reuse when it only weights, each weight from its own sample
+(``weights_only_per_sample``: ``rollout_is`` without rejection or batch normalization): the loss
+computes the weights from the update forward's detached log-probs and the rollout's, as the
+separate pass would have. Rejection and batch-normalized weights change the batch before the
+update (a separate pass computes the old log-probs), and in bypass mode the old log-probs are the
+rollout's own (no pass at all: ``RolloutCorrection`` in ``phases``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from rlflow.algos.rollout_correction import BYPASS, DECOUPLED, correction_mode, correction_settings
+from rlflow.algos.rollout_correction import BYPASS, DECOUPLED, correction_mode, correction_settings, weights_only_per_sample
 from rlflow.models.hf_checkpoint import ModelFileError
 from rlflow.protocol import DataProto
 from rlflow.utils.text_files import read_json
@@ -37,13 +40,18 @@ def _correction_mode(cfg: Any) -> Optional[str]:
     return correction_mode(correction_settings(cfg.algorithm.rollout_correction))
 
 
+def _corrects_before_update(cfg: Any) -> bool:
+    settings = correction_settings(cfg.algorithm.rollout_correction)
+    return correction_mode(settings) == DECOUPLED and not weights_only_per_sample(settings)
+
+
 # (why the update's forward cannot give the old log-probs, whether that holds for a config); checked in order.
 RecomputeRule = tuple[str, Callable[[Any], bool]]
 RECOMPUTE_RULES: tuple[RecomputeRule, ...] = (
     ("algorithm.rollout_correction.bypass_mode: the old log-probs are the rollout's (no old-log-prob pass)",
      lambda cfg: _correction_mode(cfg) == BYPASS),
-    ("algorithm.rollout_correction: its weights or rejection compare the old log-probs with the rollout's before the update",
-     lambda cfg: _correction_mode(cfg) == DECOUPLED),
+    ("algorithm.rollout_correction: its rejection or batch-normalized weights change the batch before the update",
+     _corrects_before_update),
     ("actor.recompute_old_log_probs=always", lambda cfg: cfg.actor.recompute_old_log_probs == "always"),
     ("actor.ppo_epochs > 1: later epochs run after optimizer steps",
      lambda cfg: cfg.actor.ppo_epochs != 1),

@@ -16,7 +16,7 @@ from typing import Optional
 from omegaconf import DictConfig, open_dict
 
 from rlflow.algos import KLController, get_kl_controller
-from rlflow.algos.rollout_correction import BYPASS
+from rlflow.algos.rollout_correction import BYPASS, DECOUPLED
 from rlflow.config import ConfigError
 from rlflow.data.rl_dataset import build_rl_loader
 from rlflow.rollout.agent.checks import check_agent_names, tool_schemas
@@ -90,7 +90,8 @@ def prepare_run(config: DictConfig) -> PPOSetup:
 def old_log_probs_source(plan: RunPlan) -> str:
     """Where this run's old log-probs come from, and why (the start-up log line)."""
     if plan.old_log_probs_from_update:
-        return "from the update's forward (exactly on-policy)"
+        corrected = "; the loss computes the rollout IS weights from them" if plan.rollout_correction == DECOUPLED else ""
+        return f"from the update's forward (exactly on-policy){corrected}"
     if plan.rollout_correction == BYPASS:
         return f"the rollout's, no separate pass ({plan.recompute_reason})"
     return f"a separate forward pass ({plan.recompute_reason})"

@@ -38,11 +38,15 @@ def _reason(tiny_model, addition_data, tmp_path, extra: list[str]):
         (["actor.recompute_old_log_probs=always"], "recompute_old_log_probs=always"),
         (["actor.use_kl_loss=true", "actor.entropy_coeff=0.01", "algorithm=ppo", "critic.ppo_mini_batch_size=2"], None),
         (["rollout.calculate_log_probs=true"], None),  # the off-policy metrics alone are computed after the update
-        (["rollout.calculate_log_probs=true", "rollout_correction=decoupled_token_is"], "compare the old log-probs"),
+        (["rollout.calculate_log_probs=true", "rollout_correction=decoupled_token_is"], None),  # weights in the loss
+        (["rollout.calculate_log_probs=true", "rollout_correction=decoupled_seq_is"], None),
+        (["rollout.calculate_log_probs=true", "rollout_correction=decoupled_seq_is_rs"], "rejection"),
+        (["rollout.calculate_log_probs=true", "rollout_correction=decoupled_token_is",
+          "algorithm.rollout_correction.rollout_is_batch_normalize=true"], "batch-normalized"),
         (["rollout.calculate_log_probs=true", "rollout_correction=bypass_ppo_clip"], "the old log-probs are the rollout's"),
     ],
     ids=["on_policy", "two_epochs", "two_mini_batches", "kl_in_reward", "forced", "kl_loss_entropy_critic",
-         "rollout_log_probs", "decoupled_correction", "bypass"],
+         "rollout_log_probs", "token_is", "sequence_is", "rejection", "batch_normalized", "bypass"],
 )
 def test_when_the_update_forward_gives_the_old_log_probs(tiny_model, addition_data, tmp_path, extra, reason_part):
     reason = _reason(tiny_model, addition_data, tmp_path, extra)
@@ -70,20 +74,19 @@ def _close(reused: float, recomputed: float) -> bool:
     return math.isclose(reused, recomputed, rel_tol=TOLERANCE, abs_tol=TOLERANCE)
 
 
-@pytest.mark.timeout(900)
-def test_reusing_the_update_forward_matches_the_recompute(tiny_model, addition_data, tmp_path):
+def _compare_reuse_with_recompute(tiny_model, addition_data, tmp_path, extra: list[str]) -> list[dict]:
+    """The same seeded run with ``recompute_old_log_probs`` auto and always: every metric within the tolerance,
+    ``ppo_kl`` exactly 0 and no old-log-prob pass on the reuse path, the exported weights within 1e-6."""
     runs = {}
     for mode in ("auto", "always"):
         overrides = [o for o in base_overrides(tiny_model, addition_data, tmp_path / mode) if not o.startswith("data.val_files")]
         result = run_main_ppo(overrides + ON_POLICY + [
             "data.val_files=[]",  # no validation: the comparison is of the training steps
             f"actor.recompute_old_log_probs={mode}",
-            "trainer.n_procs_per_node=2",
             "rollout=hf",  # starts faster than vLLM; the rollout is not what is compared
             "trainer.total_training_steps=2",
             "actor.engine.optimizer.lr=1e-3",
-            "rollout.calculate_log_probs=true",  # the mismatch metrics, with the old log-probs of either source
-        ])
+        ] + extra)
         assert result.returncode == 0, result.stderr[-3000:]
         runs[mode] = read_jsonl(tmp_path / mode / "metrics.jsonl")
         logged = "from the update's forward" if mode == "auto" else "a separate forward pass"
@@ -105,3 +108,24 @@ def test_reusing_the_update_forward_matches_the_recompute(tiny_model, addition_d
     assert reused_weights.keys() == recomputed_weights.keys()
     for name, tensor in reused_weights.items():
         torch.testing.assert_close(tensor, recomputed_weights[name], rtol=0, atol=1e-6, msg=name)
+    return runs["auto"]
+
+
+@pytest.mark.timeout(900)
+def test_reusing_the_update_forward_matches_the_recompute(tiny_model, addition_data, tmp_path):
+    """World size 2 (mesh dispatch splits and collects the update's outputs); the mismatch metrics are computed
+    with the old log-probs of either source."""
+    _compare_reuse_with_recompute(tiny_model, addition_data, tmp_path,
+                                  ["trainer.n_procs_per_node=2", "rollout.calculate_log_probs=true"])
+
+
+@pytest.mark.full
+@pytest.mark.timeout(900)
+def test_is_weights_in_the_update_loss_match_the_rollout_correction_phase(tiny_model, addition_data, tmp_path):
+    """One step off (stale samples, so the weights are not 1) with token TIS, the asynchronous default: the loss's
+    weights from the update forward train as the rollout-correction phase's weights from a separate pass do."""
+    records = _compare_reuse_with_recompute(tiny_model, addition_data, tmp_path, [
+        "async_training.mode=one_step_off", "trainer.placement=split", "rollout_correction=decoupled_token_is",
+        "algorithm.rollout_correction.rollout_is_threshold=1.001", "rollout.calculate_log_probs=true"])
+    assert records[-1]["async/staleness/max"] == 1
+    assert records[-1]["rollout_corr/rollout_is_std"] > 1e-5  # the stale step's weights differ from 1

@@ -14,7 +14,7 @@ from rlflow.algos import compute_policy_loss_bypass_mode, get_policy_loss_fn
 from rlflow.config.schema import RolloutCorrectionConfig
 from rlflow.engines import LossContext
 from rlflow.protocol import DataProto
-from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION
+from rlflow.meta_info import OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, ROLLOUT_IS_IN_LOSS
 from rlflow.roles.losses import global_batch_info, make_policy_loss_fn
 
 CTX = LossContext(global_num_tokens=ROWS * RESPONSE, global_num_seqs=ROWS, dp_size=1, num_micro_batches=1,
@@ -114,3 +114,29 @@ def test_bypass_settings_in_meta_info_run_the_bypass_loss():
         "token-mean", reference_config)
     torch.testing.assert_close(loss, expected, rtol=0, atol=0)
     assert metrics["rollout_corr/kl"] == expected_metrics["rollout_corr/kl"] and "rollout_corr/rollout_is_mean" in metrics
+
+
+def test_on_policy_loss_computes_the_truncated_is_weights_from_its_own_log_probs():
+    """``ROLLOUT_IS_IN_LOSS`` on an on-policy batch: the loss equals the one given the weights explicitly, with the
+    weights written out in plain torch: ``min(exp(log pi - log pi_rollout), threshold)`` per token."""
+    loss_fn = make_policy_loss_fn(policy_config())
+    data, log_probs = _loss_inputs()
+    log_probs.requires_grad_()
+    data.batch["rollout_log_probs"] = log_probs[:, PROMPT:].detach() + 0.5 * torch.randn(ROWS, RESPONSE)
+    flagged = DataProto(dict(data.batch), {}, {OLD_LOG_PROBS_FROM_UPDATE.name: True,
+                                               ROLLOUT_IS_IN_LOSS.name: {"rollout_is": "token", "rollout_is_threshold": 1.5}})
+    loss, _ = loss_fn({"log_probs": log_probs}, flagged, CTX)
+    (grad,) = torch.autograd.grad(loss, log_probs)
+
+    current = log_probs[:, PROMPT:].detach()
+    weights = torch.exp(current - data.batch["rollout_log_probs"]).clamp(max=1.5) * data.batch["response_mask"]
+    assert 0 < float((weights == 1.5).float().mean()) < 1  # some weights are cut, others are not
+    explicit = DataProto(dict(data.batch), {}, {})
+    explicit.batch["old_log_probs"] = current.clone()
+    explicit.batch["rollout_is_weights"] = weights
+    expected, _ = loss_fn({"log_probs": log_probs}, explicit, CTX)
+    (expected_grad,) = torch.autograd.grad(expected, log_probs)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-6, atol=1e-7)
+    unweighted, _ = loss_fn({"log_probs": log_probs}, DataProto(dict(data.batch), {}, {OLD_LOG_PROBS_FROM_UPDATE.name: True}), CTX)
+    assert not torch.allclose(loss, unweighted)

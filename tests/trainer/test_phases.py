@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from rlflow.algos import get_kl_controller
-from rlflow.meta_info import (GLOBAL_STEP, METRICS, MINI_BATCH_SIZE, OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, SEED,
-                              TEMPERATURE, VALIDATE)
+from rlflow.meta_info import (GLOBAL_STEP, METRICS, MINI_BATCH_SIZE, OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION,
+                              ROLLOUT_IS_IN_LOSS, SEED, TEMPERATURE, VALIDATE)
 from rlflow.protocol import DataProto
 from rlflow.rollout.processing import build_rollout_output
 from rlflow.rollout.sampling import Sampling
@@ -136,11 +136,16 @@ CASES = {  # overrides, step -> the worker calls of that step, in order
                                  "algorithm.use_kl_in_reward=true"], 1,
                                 ["generate_sequences", "compute_log_prob", "compute_ref_log_prob", "compute_values", "update_critic"]),
     "remax": (["algorithm=remax"], 2, ["generate_sequences", "compute_log_prob", "generate_sequences"] + UPDATE),
-    # rollout correction: the weights need the old log-probs before the update (no reuse of the update's forward)
-    "grpo_decoupled_correction": (["actor.ppo_mini_batch_size=4", "rollout.calculate_log_probs=true",
-                                   "rollout_correction=decoupled_token_is"], 1,
-                                  ["generate_sequences", "compute_log_prob", "free_rollout_memory", "forward_backward",
-                                   "optim_step", "sync_weights"]),
+    # rollout correction's rejection needs the old log-probs before the update (no reuse of the update's forward)
+    "grpo_decoupled_rejection": (["actor.ppo_mini_batch_size=4", "rollout.calculate_log_probs=true",
+                                  "rollout_correction=decoupled_seq_is_rs"], 1,
+                                 ["generate_sequences", "compute_log_prob", "free_rollout_memory", "forward_backward",
+                                  "optim_step", "sync_weights"]),
+    # weights alone on an on-policy step: the update's loss computes them, no old-log-prob pass
+    "grpo_decoupled_weights_in_loss": (["actor.ppo_mini_batch_size=4", "rollout.calculate_log_probs=true",
+                                        "rollout_correction=decoupled_token_is"], 1,
+                                       ["generate_sequences", "free_rollout_memory", "forward_backward", "optim_step",
+                                        "sync_weights"]),
     # bypass mode: the rollout's log-probs are the old ones, no old-log-prob pass
     "grpo_bypass": (["rollout.calculate_log_probs=true", "rollout_correction=bypass_ppo_clip"], 1,
                     ["generate_sequences"] + UPDATE),
@@ -243,6 +248,20 @@ def test_decoupled_correction_hands_the_weights_to_every_mini_batch():
     assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(ratio)
     assert metrics["rollout/logprob_diff_mean"] == pytest.approx(OLD_LOG_PROB - ROLLOUT_LOG_PROB)
     assert metrics["timing_s/rollout_correction"] >= 0.0
+
+
+def test_on_policy_weights_go_to_the_loss_as_settings_and_the_phase_reports_them_from_the_update():
+    calls: list[tuple[str, Any]] = []
+    metrics = run_step(_context(LOG_PROBS + ["rollout_correction=decoupled_token_is", "actor.ppo_mini_batch_size=4"],
+                                calls), _prompts(), 1)
+    (mini,) = _sent(calls, "forward_backward")
+    assert ROLLOUT_IS_IN_LOSS.read(mini.meta_info) == {"rollout_is": "token", "rollout_is_threshold": 2.0}
+    assert OLD_LOG_PROBS_FROM_UPDATE.read(mini.meta_info) and "rollout_is_weights" not in mini.batch
+    assert (mini.batch["rollout_log_probs"][mini.batch["response_mask"].bool()] == ROLLOUT_LOG_PROB).all()
+    update_forward = -0.4  # the stand-in update forward's log-prob of every token
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(float(np.exp(update_forward - ROLLOUT_LOG_PROB)))
+    assert metrics["rollout/logprob_diff_mean"] == pytest.approx(update_forward - ROLLOUT_LOG_PROB)
+    assert "timing_s/rollout_correction" not in metrics
 
 
 def test_bypass_mode_hands_the_settings_and_the_rollout_log_probs_to_the_update():

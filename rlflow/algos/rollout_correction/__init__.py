@@ -39,6 +39,7 @@ from rlflow.algos.rollout_correction.settings import (
     correction_settings,
     corrects,
     needs_rollout_log_probs,
+    weights_only_per_sample,
 )
 from rlflow.algos.rollout_correction.weights import (
     ROLLOUT_IS_LEVEL_REGISTRY,
@@ -68,4 +69,5 @@ __all__ = [
     "needs_rollout_log_probs",
     "rejection_rule",
     "rollout_rs_options",
+    "weights_only_per_sample",
 ]

@@ -35,6 +35,12 @@ def needs_rollout_log_probs(settings: RolloutCorrectionConfig) -> bool:
     return corrects(settings) or bool(settings.bypass_mode)
 
 
+def weights_only_per_sample(settings: RolloutCorrectionConfig) -> bool:
+    """Whether the settings only weight (``rollout_is``), each weight from its own sample's tokens: no rejection,
+    no batch normalization. Such weights can be computed per micro-batch, inside the update's forward."""
+    return settings.rollout_is is not None and settings.rollout_rs is None and not settings.rollout_is_batch_normalize
+
+
 def correction_mode(settings: RolloutCorrectionConfig) -> Optional[str]:
     """How a PPO step runs the correction: ``BYPASS`` (bypass mode), ``DECOUPLED`` (weights or rejection
     against the old log-probs), or None (nothing to correct: at most the off-policy metrics are reported)."""

@@ -9,6 +9,9 @@ correction"):
   on the old and the rollout log-probs: ``rollout_is_weights`` (with ``rollout_is``) and the masked
   ``response_mask``; its metrics are ``rollout_corr/*`` and the train/inference mismatch
   (``rollout/logprob_diff_*``), both of the whole rollout, before rejection;
+* decoupled mode on an on-policy step (weights only, each from its own sample: ``weights_only_per_sample``):
+  the phase does not run; the update's loss computes the weights from its own forward's log-probs, and
+  the actor-update phase reports the same metrics from them after the update (``decoupled_correction``);
 * bypass mode: the step has no old-log-prob pass; the rollout's log-probs become ``old_log_probs`` and
   the actor update hands the settings to the loss (``ROLLOUT_CORRECTION``), which corrects per
   micro-batch and reports ``rollout_corr/*`` itself.
@@ -27,7 +30,7 @@ from rlflow.trainer.phases.base import BatchKeys, Phase
 from rlflow.trainer.phases.columns import ROLLOUT_LOG_PROBS
 from rlflow.trainer.phases.context import PhaseContext, StepState
 
-__all__ = ["RolloutCorrection", "weights_column"]
+__all__ = ["RolloutCorrection", "decoupled_correction", "weights_column"]
 
 
 def weights_column(ctx: PhaseContext) -> tuple[str, ...]:
@@ -49,11 +52,18 @@ class RolloutCorrection(Phase):
 
     def run(self, ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
         corrected = DataProto(dict(batch.batch), dict(batch.non_tensor_batch), dict(batch.meta_info))
-        data = corrected.batch
         if ctx.plan.rollout_correction == BYPASS:
-            data["old_log_probs"] = data[ROLLOUT_LOG_PROBS]
+            corrected.batch["old_log_probs"] = corrected.batch[ROLLOUT_LOG_PROBS]
             return corrected
-        mismatch = rollout_mismatch_metrics(data[ROLLOUT_LOG_PROBS], data["old_log_probs"], data["response_mask"])
-        corrected, metrics = compute_rollout_correction_and_add_to_batch(corrected, ctx.config.algorithm.rollout_correction)
-        corrected.meta_info[METRICS.name] = {**mismatch, **metrics}
-        return corrected
+        return decoupled_correction(ctx, corrected)
+
+
+def decoupled_correction(ctx: PhaseContext, batch: DataProto) -> DataProto:
+    """Decoupled mode on ``batch`` (``old_log_probs``, ``rollout_log_probs``, ``response_mask``; changed in place):
+    the weights and the masked ``response_mask``, with ``rollout_corr/*`` and ``rollout/logprob_diff_*`` under
+    ``METRICS``."""
+    data = batch.batch
+    mismatch = rollout_mismatch_metrics(data[ROLLOUT_LOG_PROBS], data["old_log_probs"], data["response_mask"])
+    corrected, metrics = compute_rollout_correction_and_add_to_batch(batch, ctx.config.algorithm.rollout_correction)
+    corrected.meta_info[METRICS.name] = {**mismatch, **metrics}
+    return corrected

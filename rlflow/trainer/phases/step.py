@@ -3,7 +3,8 @@
 generate -> balance -> score -> old log-probs / ref log-probs / values (sent together) ->
 [rollout correction] -> [ReMax greedy baseline] -> advantages -> [rollout sleep] -> critic update ->
 actor update -> weight sync. In rollout correction's bypass mode the rollout-correction phase takes
-the place of the old-log-prob pass. A loop that runs steps differently (asynchronously, multi-turn) composes the same
+the place of the old-log-prob pass; on a step whose old log-probs come from the update, the update's
+loss computes the IS weights (``phases/rollout_correction.py``). A loop that runs steps differently (asynchronously, multi-turn) composes the same
 phases with its own ``StepRecord``.
 """
 
@@ -40,7 +41,7 @@ def run_step(ctx: PhaseContext, prompts: DataProto, step: int, sent: Optional[Da
             record.add(Score(), ctx, batch, state)
         with record.timed("log_probs_and_values"):
             record.add_concurrently(forward_passes(ctx, state), ctx, batch, state)
-        if ctx.plan.rollout_correction is not None:
+        if ctx.plan.rollout_correction is not None and not state.old_log_probs_from_update:  # else in the update's loss
             with record.timed("rollout_correction"):
                 batch = record.produce(RolloutCorrection(), ctx, batch, state)
         with record.timed("adv"):

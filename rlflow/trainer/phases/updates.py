@@ -6,14 +6,22 @@ from dataclasses import asdict
 
 import torch
 
-from rlflow.algos.rollout_correction import BYPASS, correction_settings
-from rlflow.meta_info import METRICS, MINI_BATCH_SIZE, OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, SEED, TEMPERATURE
+from rlflow.algos.rollout_correction import BYPASS, DECOUPLED, correction_settings
+from rlflow.meta_info import (
+    METRICS,
+    MINI_BATCH_SIZE,
+    OLD_LOG_PROBS_FROM_UPDATE,
+    ROLLOUT_CORRECTION,
+    ROLLOUT_IS_IN_LOSS,
+    SEED,
+    TEMPERATURE,
+)
 from rlflow.protocol import DataProto
 from rlflow.trainer.old_log_probs import in_batch_order
 from rlflow.trainer.phases.base import BatchKeys, Phase
-from rlflow.trainer.phases.columns import MODEL_INPUTS
+from rlflow.trainer.phases.columns import MODEL_INPUTS, ROLLOUT_LOG_PROBS
 from rlflow.trainer.phases.context import PhaseContext, StepState
-from rlflow.trainer.phases.rollout_correction import weights_column
+from rlflow.trainer.phases.rollout_correction import decoupled_correction, weights_column
 from rlflow.utils.metric_values import mean_per_key
 
 __all__ = ["ActorUpdate", "CriticUpdate"]
@@ -48,7 +56,10 @@ class ActorUpdate(Phase):
     ``old_log_probs`` and ``entropys``, in batch row order.
 
     Rollout correction: the decoupled mode's ``rollout_is_weights`` go to the loss with each mini-batch;
-    in bypass mode the settings do (``ROLLOUT_CORRECTION``), and the loss runs the ``bypass_mode`` loss.
+    when the old log-probs come from the update, ``rollout_log_probs`` and the IS settings do
+    (``ROLLOUT_IS_IN_LOSS``), the loss computes the weights, and the phase reports the decoupled mode's
+    metrics from the forward's log-probs; in bypass mode the settings go (``ROLLOUT_CORRECTION``), and
+    the loss runs the ``bypass_mode`` loss.
     """
 
     name = "update_actor"
@@ -57,7 +68,7 @@ class ActorUpdate(Phase):
         from_update = state.old_log_probs_from_update
         reads = MODEL_INPUTS + (("advantages",) if from_update else ("old_log_probs", "advantages"))
         reads += ("ref_log_prob",) if ctx.config.actor.use_kl_loss else ()
-        reads += weights_column(ctx)
+        reads += _correction_reads(ctx, from_update)
         return BatchKeys(reads, ("old_log_probs", "entropys") if from_update else ())
 
     def run(self, ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
@@ -67,8 +78,13 @@ class ActorUpdate(Phase):
         if from_update:
             update.batch[ROW_INDEX] = torch.arange(len(update))
             update.meta_info[OLD_LOG_PROBS_FROM_UPDATE.name] = True
+        settings = correction_settings(ctx.config.algorithm.rollout_correction)
+        corrects_in_loss = from_update and ctx.plan.rollout_correction == DECOUPLED
+        if corrects_in_loss:
+            update.meta_info[ROLLOUT_IS_IN_LOSS.name] = {"rollout_is": settings.rollout_is,
+                                                         "rollout_is_threshold": settings.rollout_is_threshold}
         if ctx.plan.rollout_correction == BYPASS:
-            update.meta_info[ROLLOUT_CORRECTION.name] = asdict(correction_settings(ctx.config.algorithm.rollout_correction))
+            update.meta_info[ROLLOUT_CORRECTION.name] = asdict(settings)
         mini_batch = actor_cfg.ppo_mini_batch_size * ctx.config.rollout.n
         step_metrics, checked = [], {}
         for mini in update.make_iterator(mini_batch, actor_cfg.ppo_epochs, actor_cfg.shuffle,
@@ -81,5 +97,18 @@ class ActorUpdate(Phase):
         if from_update:  # exactly one mini-batch: ``mini`` and ``outputs`` cover the whole batch
             forward = in_batch_order(outputs, mini.batch[ROW_INDEX])
             result = DataProto.from_dict({"old_log_probs": forward.batch["log_probs"], "entropys": forward.batch["entropy"]})
-        result.meta_info[METRICS.name] = {**mean_per_key(step_metrics), **checked}
+        correction = {}
+        if corrects_in_loss:  # the metrics the rollout-correction phase would have reported, from the same log-probs
+            columns = {"old_log_probs": result.batch["old_log_probs"], ROLLOUT_LOG_PROBS: batch.batch[ROLLOUT_LOG_PROBS],
+                       "response_mask": batch.batch["response_mask"]}
+            correction = METRICS.read(decoupled_correction(ctx, DataProto.from_dict(columns)).meta_info)
+        result.meta_info[METRICS.name] = {**correction, **mean_per_key(step_metrics), **checked}
         return result
+
+
+def _correction_reads(ctx: PhaseContext, from_update: bool) -> tuple[str, ...]:
+    """The rollout-correction columns the update sends: the rollout's log-probs when its loss computes the IS
+    weights, else the weights the rollout-correction phase wrote (if any)."""
+    if from_update:
+        return (ROLLOUT_LOG_PROBS,) if ctx.plan.rollout_correction == DECOUPLED else ()
+    return weights_column(ctx)
