@@ -320,15 +320,15 @@ PPO_SECTIONS.append(("trainer (main_ppo only)", [
     ("trainer.use_legacy_worker_impl", None, "one worker implementation"),
     ("global_profiler.*", None, NO_PROFILER),
 ]))
-NO_FULLY_ASYNC = "verl's fully-async trainer; rlflow's fully_async mode is not built yet (docs/async.md)"
 PPO_SECTIONS.append(("async_training (verl: the one-step-off and fully-async recipes)", [
-    (None, "async_training.mode", "sync | one_step_off; verl picks a recipe's entry point instead "
-                                  "(recipe/one_step_off_policy runs one_step_off)"),
+    (None, "async_training.mode", "sync | one_step_off | fully_async; verl picks a recipe's entry point instead"),
     (None, "async_training.rollout_correction", "asynchronous modes: token TIS unless algorithm.rollout_correction is set"),
-    ("async_training.staleness_threshold", None, NO_FULLY_ASYNC),
-    ("async_training.trigger_parameter_sync_step", None, NO_FULLY_ASYNC),
-    ("async_training.require_batches", None, NO_FULLY_ASYNC),
-    ("async_training.partial_rollout", None, NO_FULLY_ASYNC),
+    ("async_training.staleness_threshold", None, "verl's is a share of extra samples; rlflow's async_training."
+                                                 "staleness_threshold counts actor updates (docs/async.md)"),
+    ("async_training.trigger_parameter_sync_step", "async_training.trigger_parameter_sync_step", ""),
+    ("async_training.require_batches", None, "verl's counts the mini-batches a step waits for; rlflow's "
+                                             "async_training.require_batches splits a step's batch (docs/async.md)"),
+    ("async_training.partial_rollout", "async_training.partial_rollout", "false only: partial rollouts are not built yet"),
 ]))
 
 SFT_SECTIONS: list[tuple[str, list[Row]]] = [

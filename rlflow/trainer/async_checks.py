@@ -2,6 +2,9 @@
 
 * Split placement: generation overlaps training only when the rollout replicas are processes of their
   own (``trainer.placement=split``); a colocated process does one thing at a time.
+* ``fully_async``'s keys: a staleness bound of at least 0 versions, weights published at least every
+  ``staleness_threshold + 1`` updates (else the samples of the next step wait for weights that never
+  come), ``require_batches`` dividing the step's batch; partial rollouts are not built yet.
 * Rollout correction: the samples of an asynchronous mode come from an older policy than the one
   trained, so with ``async_training.rollout_correction`` (the default) and no correction configured,
   token-level truncated importance sampling is turned on at ``algorithm.rollout_correction``'s
@@ -23,8 +26,27 @@ SYNC = "sync"
 DEFAULT_IS_LEVEL = "token"
 
 
+def check_async_keys(config: DictConfig) -> None:
+    """Refuse ``async_training`` keys out of range, whichever mode runs."""
+    section = config.async_training
+    staleness, trigger, chunks = section.staleness_threshold, section.trigger_parameter_sync_step, section.require_batches
+    if staleness < 0:
+        raise ConfigError(f"config key 'async_training.staleness_threshold': must be >= 0 (actor updates), got {staleness}")
+    if not 1 <= trigger <= staleness + 1:
+        raise ConfigError(f"config key 'async_training.trigger_parameter_sync_step': must be 1..staleness_threshold + 1 "
+                          f"({staleness + 1}), got {trigger}: a step's samples would wait for weights never published")
+    if chunks < 1 or config.data.train_batch_size % chunks:
+        raise ConfigError(f"config key 'async_training.require_batches': must divide data.train_batch_size "
+                          f"({config.data.train_batch_size}), got {chunks}")
+    if section.partial_rollout:
+        raise ConfigError("config key 'async_training.partial_rollout': partial rollouts (abort and resume at a weight "
+                          "sync) are not built yet; set it to false")
+
+
 def settle_async_training(config: DictConfig) -> None:
-    """Refuse an asynchronous mode without split placement; turn its rollout correction on (in place)."""
+    """Refuse bad ``async_training`` keys, or an asynchronous mode without split placement; turn its rollout
+    correction on (in place)."""
+    check_async_keys(config)
     mode = config.async_training.mode
     if mode == SYNC:
         return

@@ -7,20 +7,27 @@ policy of step k-1, one version behind the trainer (verl's one-step-off policy).
 runs its calls in the order they were sent, step k's weight sync reaches the rollout after step k+1's
 generation and before step k+2's, and a validation after step k sees step k's weights.
 
+``fully_async`` sends the generation calls of as many next steps as ``async_training.staleness_threshold``
+allows (``async_producer.AsyncProducer``) and publishes the trainer's weights every
+``trigger_parameter_sync_step`` updates; with a bound of 0 it runs as ``sync`` does, with 1 as ``one_step_off``.
+
 A mode yields one ``TrainedStep`` per step with the loader position a checkpoint of that step must
-record: in ``one_step_off`` the loader has already given the next batch, which a resume must give again.
-The policy version is the number of actor updates this run has made; ``async/staleness/*`` is how many
-versions the trained samples are behind the trainer.
+record: in an asynchronous mode the loader has already given later batches, which a resume must give
+again (their samples in flight are regenerated). The policy version is the number of actor updates
+before a step (``updates_before``); ``async/staleness/*`` is how many versions the trained samples are
+behind the trainer.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from rlflow.config import ConfigError
 from rlflow.protocol import DataProto, DataProtoFuture
 from rlflow.trainer.phases import PhaseContext, StepState, run_step
+from rlflow.trainer.async_producer import AsyncProducer, joined
 from rlflow.trainer.phases.generate import Generate
 from rlflow.utils.registry import Registry
 
@@ -75,6 +82,21 @@ def sync_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> Iterator
         yield TrainedStep(step, {**metrics, "training/epoch": drawn.epoch}, drawn.loader_state)
 
 
+def updates_before(ctx: PhaseContext, step: int) -> int:
+    """The policy version the trainer holds when step ``step`` trains: the actor updates of the steps before it
+    (a critic's warm-up steps update no actor)."""
+    warmup = ctx.config.critic.warmup_steps if ctx.plan.use_critic else 0
+    return max(0, step - 1 - warmup)
+
+
+def staleness_metrics(trainer_version: int, sample_versions: list[int]) -> dict[str, float]:
+    """``async/*``: the oldest sampling version of a step's samples and how far behind the trainer they are
+    (one version per equal-sized generation call)."""
+    behind = [trainer_version - version for version in sample_versions]
+    return {"async/policy_version": min(sample_versions), "async/staleness/mean": sum(behind) / len(behind),
+            "async/staleness/max": max(behind)}
+
+
 @dataclass(frozen=True)
 class _SentBatch:
     """A drawn batch whose generation was sent, and the policy version (actor updates) that samples it."""
@@ -95,17 +117,39 @@ def one_step_off_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> 
     """Send step k+1's generation, then train step k on the samples sent one step earlier."""
     if not steps:
         return
-    version = 0  # actor updates made by this run
-    current = _send(ctx, source, steps[0], version)
+    current = _send(ctx, source, steps[0], updates_before(ctx, steps[0]))
     for step in steps:
         # sent before this step's update: sampled by the weights of the last sync
-        ahead = _send(ctx, source, step + 1, version) if step != steps[-1] else None
-        prompts = current.drawn.prompts
-        metrics = run_step(ctx, prompts, step, current.generation)
-        staleness = version - current.version
-        metrics.update({"training/epoch": current.drawn.epoch, "async/policy_version": current.version,
-                        "async/staleness/mean": staleness, "async/staleness/max": staleness})
-        if StepState.begin(ctx, prompts, step).update_actor:
-            version += 1
+        ahead = _send(ctx, source, step + 1, updates_before(ctx, step)) if step != steps[-1] else None
+        metrics = run_step(ctx, current.drawn.prompts, step, current.generation)
+        metrics.update({"training/epoch": current.drawn.epoch,
+                        **staleness_metrics(updates_before(ctx, step), [current.version])})
         yield TrainedStep(step, metrics, current.drawn.loader_state)
         current = ahead
+
+
+@TRAINING_MODE_REGISTRY.register("fully_async")
+def fully_async_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> Iterator[TrainedStep]:
+    """Keep the rollout generating the next steps' samples within the staleness bound while each step trains."""
+    if not steps:
+        return
+    producer = AsyncProducer(ctx, source.draw, steps[0], steps[-1], lambda step: updates_before(ctx, step))
+    trigger = ctx.config.async_training.trigger_parameter_sync_step
+    last_yield = time.perf_counter()
+    for step in steps:
+        producer.fill()
+        queued = len(producer.sent)
+        calls = producer.take(step)
+        drawn, version = calls[0].drawn, updates_before(ctx, step)
+        updates = StepState.begin(ctx, drawn.prompts, step).update_actor
+        publish = updates and ((version + 1) % trigger == 0 or step == steps[-1])
+        metrics = run_step(ctx, drawn.prompts, step, joined(calls), publish=publish)
+        if publish:
+            producer.published = version + 1
+        wall = time.perf_counter() - last_yield
+        metrics.update({"training/epoch": drawn.epoch, "async/queue_depth": queued,
+                        "async/trainer_idle_fraction": metrics["timing_s/gen"] / max(wall, 1e-9),
+                        "async/rollout_idle_fraction": max(0.0, 1.0 - metrics.get("timing_s/generate", 0.0) / max(wall, 1e-9)),
+                        **staleness_metrics(version, [call.version for call in calls])})
+        yield TrainedStep(step, metrics, drawn.loader_state)
+        last_yield = time.perf_counter()

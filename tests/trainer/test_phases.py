@@ -11,118 +11,31 @@ checked end to end in ``tests/ppo``.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from phases_testlib import (
+    OLD_LOG_PROB,
+    PROMPTS,
+    ROLLOUT_LOG_PROB,
+    StandInLoader,
+    generate_fn,
+    stand_in_context,
+    stand_in_prompts,
+    stand_in_reward,
+)
 
-from rlflow.algos import get_kl_controller
-from rlflow.meta_info import (GLOBAL_STEP, METRICS, MINI_BATCH_SIZE, OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION,
+from rlflow.meta_info import (GLOBAL_STEP, MINI_BATCH_SIZE, OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION,
                               ROLLOUT_IS_IN_LOSS, SEED, TEMPERATURE, VALIDATE)
 from rlflow.protocol import DataProto
-from rlflow.rollout.processing import build_rollout_output
-from rlflow.rollout.sampling import Sampling
-from rlflow.trainer.entry_points import compose_ppo_config
-from rlflow.trainer.divergence import DivergenceGuard
-from rlflow.trainer.phases import PhaseContext, RunPlan, StepState, run_step
+from rlflow.trainer.phases import StepState, run_step
 from rlflow.trainer.phases.advantages import Advantages
 from rlflow.trainer.phases.base import Phase, PhaseKeyError, StepRecord
 from rlflow.trainer.phases.generate import GreedyBaselines
 from rlflow.trainer.phases.rollout_correction import RolloutCorrection
-from rlflow.trainer.response_scoring import ResponseScorer
 from rlflow.trainer.training_modes import TRAINING_MODE_REGISTRY, BatchSource
-
-PROMPTS, RESPONSE, PAD = 4, 6, 0
-ROLLOUT_LOG_PROB, OLD_LOG_PROB = -0.5, -0.45  # the stand-in rollout's and old-log-prob pass's value of every token
-BASE = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2", "trainer.n_procs_per_node=2",
-        "data.max_response_length=6", "rollout.response_length=6"]
-
-
-class Method:
-    """A worker-group method seen from the controller: records each call, answers with ``answer``."""
-
-    def __init__(self, name: str, calls: list[tuple[str, Any]], answer: Callable[..., Any]):
-        self.name, self.calls, self.answer = name, calls, answer
-
-    def __call__(self, *args: Any) -> Any:
-        self.calls.append((self.name, args[0] if args else None))
-        return self.answer(*args)
-
-    def future(self, *args: Any) -> SimpleNamespace:
-        result = self(*args)  # sent now; the controller waits later
-        return SimpleNamespace(get=lambda: result)
-
-
-def _columns(data: DataProto, **values: float) -> DataProto:
-    shape = data.batch["responses"].shape
-    return DataProto.from_dict({key: torch.full(shape, value) for key, value in values.items()})
-
-
-def _generate(config: Any) -> Callable[[DataProto], DataProto]:
-    def generate(prompts: DataProto) -> DataProto:
-        greedy = VALIDATE.read(prompts.meta_info)
-        n = 1 if greedy else config.rollout.n
-        tokens = [row[mask.bool()].tolist() for row, mask in zip(prompts.batch["input_ids"], prompts.batch["attention_mask"])]
-        responses = [[3 + (i % 5)] * (1 + (i * 7 + int(greedy)) % RESPONSE) for i in range(len(tokens) * n)]
-        sampling = Sampling(n, greedy, 1.0, 1.0, -1, RESPONSE, (), None)
-        log_probs = [[ROLLOUT_LOG_PROB] * len(r) for r in responses] if config.rollout.calculate_log_probs else None
-        out = build_rollout_output(prompts, tokens, responses, log_probs, sampling, PAD)
-        out.meta_info[METRICS.name] = {"timing_s/generate": 0.1, "rollout/generated_tokens": float(out.batch["response_mask"].sum())}
-        return out
-    return generate
-
-
-def _forward_backward(mini: DataProto) -> DataProto:
-    out = _columns(mini, log_probs=-0.4, entropy=0.7) if OLD_LOG_PROBS_FROM_UPDATE.read(mini.meta_info) else DataProto()
-    out.meta_info[METRICS.name] = {"actor/pg_loss": 0.25}
-    return out
-
-
-def _roles(config: Any, calls: list[tuple[str, Any]]) -> SimpleNamespace:
-    actor = SimpleNamespace(
-        compute_log_prob=Method("compute_log_prob", calls, lambda d: _columns(d, old_log_probs=OLD_LOG_PROB, entropys=0.7)),
-        compute_ref_log_prob=Method("compute_ref_log_prob", calls, lambda d: _columns(d, ref_log_prob=-0.6)),
-        forward_backward=Method("forward_backward", calls, _forward_backward),
-        optim_step=Method("optim_step", calls, lambda: [{"actor/skipped": 0.0, "actor/grad_norm": 1.5}]),
-    )
-    critic = SimpleNamespace(
-        compute_values=Method("compute_values", calls, lambda d: _columns(d, values=0.1)),
-        update_critic=Method("update_critic", calls, lambda d: {"critic/vf_loss": 0.3, "critic/optim_steps": 2.0,
-                                                                "critic/trailing_skipped_steps": 0.0}),
-    )
-    return SimpleNamespace(
-        actor=actor, ref=actor, critic=critic, reward_model=None,
-        rollout=SimpleNamespace(generate_sequences=Method("generate_sequences", calls, _generate(config))),
-        free_rollout_memory=Method("free_rollout_memory", calls, lambda cfg: None),
-        sync_weights=Method("sync_weights", calls, lambda cfg: {"weight_sync/mb": 1.0}),
-    )
-
-
-def _reward(batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
-    """A stand-in reward function: the response length / 10 on each response's last token."""
-    mask = batch.batch["response_mask"]
-    scores = torch.zeros(mask.shape)
-    scores[torch.arange(len(mask)), mask.sum(-1) - 1] = mask.sum(-1) / 10.0
-    return scores, {"reward/error_count": 0.0}
-
-
-def _context(overrides: list[str], calls: list[tuple[str, Any]]) -> PhaseContext:
-    config = compose_ppo_config(BASE + overrides)
-    return PhaseContext(config, RunPlan.from_config(config, None), _roles(config, calls), _reward,
-                        ResponseScorer(_reward, config.reward), DivergenceGuard.from_config(config),
-                        get_kl_controller(config.algorithm.kl_ctrl))
-
-
-def _prompts() -> DataProto:
-    lengths = [3, 5, 2, 4]
-    mask = torch.tensor([[0] * (5 - n) + [1] * n for n in lengths])
-    return DataProto.from_dict(
-        {"input_ids": torch.arange(1, 21).reshape(4, 5) * mask, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)},
-        {"uid": np.array([f"0-{i}" for i in range(PROMPTS)], dtype=object), "data_source": np.array(["t"] * PROMPTS, dtype=object),
-         "ground_truth": np.array(["1"] * PROMPTS, dtype=object)})
-
 
 UPDATE = ["free_rollout_memory", "forward_backward", "optim_step", "forward_backward", "optim_step", "sync_weights"]
 CASES = {  # overrides, step -> the worker calls of that step, in order
@@ -156,7 +69,7 @@ CASES = {  # overrides, step -> the worker calls of that step, in order
 def test_each_algorithm_step_makes_its_worker_calls_in_order(case):
     overrides, step, expected = CASES[case]
     calls: list[tuple[str, Any]] = []
-    metrics = run_step(_context(overrides, calls), _prompts(), step)
+    metrics = run_step(stand_in_context(overrides, calls), stand_in_prompts(), step)
     assert [name for name, _ in calls] == expected
     assert metrics["training/global_step"] == step and np.isfinite(metrics["critic/advantages/mean"])
     timed = {key for key in metrics if key.startswith("timing_s/")}
@@ -165,8 +78,8 @@ def test_each_algorithm_step_makes_its_worker_calls_in_order(case):
 
 def test_the_calls_carry_the_meta_info_schema():
     calls: list[tuple[str, Any]] = []
-    ctx = _context(["algorithm=remax", "actor.ppo_mini_batch_size=4"], calls)
-    run_step(ctx, _prompts(), 7)
+    ctx = stand_in_context(["algorithm=remax", "actor.ppo_mini_batch_size=4"], calls)
+    run_step(ctx, stand_in_prompts(), 7)
     sent = {}
     for name, data in calls:
         sent.setdefault(name, []).append(data)
@@ -180,8 +93,8 @@ def test_the_calls_carry_the_meta_info_schema():
 
 def test_the_critic_update_gets_its_mini_batch_size_and_seed():
     calls: list[tuple[str, Any]] = []
-    ctx = _context(["algorithm=ppo", "critic.ppo_mini_batch_size=2", "trainer.seed=5"], calls)
-    run_step(ctx, _prompts(), 3)
+    ctx = stand_in_context(["algorithm=ppo", "critic.ppo_mini_batch_size=2", "trainer.seed=5"], calls)
+    run_step(ctx, stand_in_prompts(), 3)
     (update,) = [data for name, data in calls if name == "update_critic"]
     assert MINI_BATCH_SIZE.read(update.meta_info) == 2 * ctx.config.rollout.n and SEED.read(update.meta_info) == 8
     assert TEMPERATURE.read(calls[1][1].meta_info) == ctx.config.rollout.temperature  # the old log-prob pass
@@ -189,21 +102,22 @@ def test_the_critic_update_gets_its_mini_batch_size_and_seed():
 
 def test_greedy_baselines_follow_each_row_by_uid():
     calls: list[tuple[str, Any]] = []
-    ctx = _context(["algorithm=remax"], calls)
-    state = StepState.begin(ctx, _prompts(), 1)
+    ctx = stand_in_context(["algorithm=remax"], calls)
+    state = StepState.begin(ctx, stand_in_prompts(), 1)
     rows = DataProto.from_dict({"r": torch.arange(6)}, {"uid": np.array(["0-2", "0-0", "0-3", "0-2", "0-1", "0-0"], dtype=object)})
     StepRecord().add(GreedyBaselines(), ctx, rows, state)
-    greedy_scores, _ = _reward(_generate(ctx.config)(DataProto(state.prompts.batch, state.prompts.non_tensor_batch, {VALIDATE.name: True})))
+    prompts = DataProto(state.prompts.batch, state.prompts.non_tensor_batch, {VALIDATE.name: True})
+    greedy_scores, _ = stand_in_reward(generate_fn(ctx.config)(prompts))
     per_prompt = greedy_scores.sum(-1)
     assert rows.batch["reward_baselines"].tolist() == pytest.approx([per_prompt[i].item() for i in (2, 0, 3, 2, 1, 0)])
 
 
 def test_a_phase_without_a_column_it_reads_names_the_phase_and_the_column():
     calls: list[tuple[str, Any]] = []
-    ctx = _context([], calls)
+    ctx = stand_in_context([], calls)
     batch = DataProto.from_dict({"response_mask": torch.ones(2, 3)}, {"uid": np.array(["a", "b"], dtype=object)})
     with pytest.raises(PhaseKeyError, match=r"phase 'advantages' reads \['token_level_scores'\]"):
-        StepRecord().add(Advantages(), ctx, batch, StepState.begin(ctx, _prompts(), 1))
+        StepRecord().add(Advantages(), ctx, batch, StepState.begin(ctx, stand_in_prompts(), 1))
 
 
 def test_a_phase_that_writes_an_undeclared_column_is_refused():
@@ -213,9 +127,10 @@ def test_a_phase_that_writes_an_undeclared_column_is_refused():
         def run(self, ctx, batch, state):
             return DataProto.from_dict({"a": torch.zeros(2), "b": torch.zeros(2)})
 
-    ctx = _context([], [])
+    ctx = stand_in_context([], [])
     with pytest.raises(PhaseKeyError, match=r"phase 'leaky' declares it writes \['a'\] but returned \['a', 'b'\]"):
-        StepRecord().add(Leaky(), ctx, DataProto.from_dict({"x": torch.zeros(2)}), StepState.begin(ctx, _prompts(), 1))
+        StepRecord().add(Leaky(), ctx, DataProto.from_dict({"x": torch.zeros(2)}),
+                         StepState.begin(ctx, stand_in_prompts(), 1))
 
 
 def _sent(calls: list[tuple[str, Any]], name: str) -> list[DataProto]:
@@ -227,19 +142,21 @@ LOG_PROBS = ["rollout.calculate_log_probs=true"]
 
 def test_the_rollout_log_probs_give_the_off_policy_metrics_at_the_step_end_only_when_computed():
     calls: list[tuple[str, Any]] = []
-    metrics = run_step(_context(LOG_PROBS + ["actor.ppo_mini_batch_size=4"], calls), _prompts(), 1)  # reused update forward
+    on_policy = stand_in_context(LOG_PROBS + ["actor.ppo_mini_batch_size=4"], calls)
+    metrics = run_step(on_policy, stand_in_prompts(), 1)  # reused update forward
     gap = OLD_LOG_PROB - ROLLOUT_LOG_PROB
     assert metrics["rollout/logprob_diff_mean"] == pytest.approx(0.1)  # the update forward's -0.4 against -0.5
     assert metrics["rollout_corr/kl"] == pytest.approx(-0.1) and "rollout_corr/rollout_is_mean" not in metrics
-    metrics = run_step(_context(LOG_PROBS, []), _prompts(), 1)  # the separate pass's old log-probs
+    metrics = run_step(stand_in_context(LOG_PROBS, []), stand_in_prompts(), 1)  # the separate pass's old log-probs
     assert metrics["rollout/logprob_diff_mean"] == pytest.approx(gap) and metrics["rollout_corr/kl"] == pytest.approx(-gap)
-    plain = run_step(_context([], []), _prompts(), 1)
+    plain = run_step(stand_in_context([], []), stand_in_prompts(), 1)
     assert not [key for key in plain if key.startswith(("rollout/logprob_diff", "rollout_corr/"))]
 
 
 def test_decoupled_correction_hands_the_weights_to_every_mini_batch():
     calls: list[tuple[str, Any]] = []
-    metrics = run_step(_context(LOG_PROBS + ["rollout_correction=decoupled_token_is"], calls), _prompts(), 1)
+    ctx = stand_in_context(LOG_PROBS + ["rollout_correction=decoupled_token_is"], calls)
+    metrics = run_step(ctx, stand_in_prompts(), 1)
     ratio = float(np.exp(OLD_LOG_PROB - ROLLOUT_LOG_PROB))
     for mini in _sent(calls, "forward_backward"):
         mask = mini.batch["response_mask"].bool()
@@ -252,8 +169,8 @@ def test_decoupled_correction_hands_the_weights_to_every_mini_batch():
 
 def test_on_policy_weights_go_to_the_loss_as_settings_and_the_phase_reports_them_from_the_update():
     calls: list[tuple[str, Any]] = []
-    metrics = run_step(_context(LOG_PROBS + ["rollout_correction=decoupled_token_is", "actor.ppo_mini_batch_size=4"],
-                                calls), _prompts(), 1)
+    metrics = run_step(stand_in_context(LOG_PROBS + ["rollout_correction=decoupled_token_is", "actor.ppo_mini_batch_size=4"],
+                                calls), stand_in_prompts(), 1)
     (mini,) = _sent(calls, "forward_backward")
     assert ROLLOUT_IS_IN_LOSS.read(mini.meta_info) == {"rollout_is": "token", "rollout_is_threshold": 2.0}
     assert OLD_LOG_PROBS_FROM_UPDATE.read(mini.meta_info) and "rollout_is_weights" not in mini.batch
@@ -266,8 +183,8 @@ def test_on_policy_weights_go_to_the_loss_as_settings_and_the_phase_reports_them
 
 def test_bypass_mode_hands_the_settings_and_the_rollout_log_probs_to_the_update():
     calls: list[tuple[str, Any]] = []
-    ctx = _context(LOG_PROBS + ["rollout_correction=bypass_pg_is"], calls)
-    metrics = run_step(ctx, _prompts(), 1)
+    ctx = stand_in_context(LOG_PROBS + ["rollout_correction=bypass_pg_is"], calls)
+    metrics = run_step(ctx, stand_in_prompts(), 1)
     for mini in _sent(calls, "forward_backward"):
         settings = ROLLOUT_CORRECTION.read(mini.meta_info)
         assert settings["bypass_mode"] and settings["loss_type"] == "reinforce" and settings["rollout_is"] == "sequence"
@@ -279,7 +196,7 @@ def test_bypass_mode_hands_the_settings_and_the_rollout_log_probs_to_the_update(
 
 
 def test_the_rejection_masks_the_perturbed_rows_of_a_new_batch_and_reports_the_whole_rollout():
-    ctx = _context(LOG_PROBS + ["rollout_correction=decoupled_k3_rs"], [])
+    ctx = stand_in_context(LOG_PROBS + ["rollout_correction=decoupled_k3_rs"], [])
     rows, width = 6, 5
     mask = torch.ones(rows, width, dtype=torch.long)
     mask[:, -1] = 0
@@ -288,34 +205,17 @@ def test_the_rejection_masks_the_perturbed_rows_of_a_new_batch_and_reports_the_w
     old[[1, 4]] += 0.5  # these rows' rollout is off-policy: per-token k3 = e^0.5 - 1 - 0.5 = 0.149 > 0.01
     batch = DataProto.from_dict({"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": mask})
     record = StepRecord()
-    corrected = record.produce(RolloutCorrection(), ctx, batch, StepState.begin(ctx, _prompts(), 1))
+    corrected = record.produce(RolloutCorrection(), ctx, batch, StepState.begin(ctx, stand_in_prompts(), 1))
     kept = corrected.batch["response_mask"].sum(-1).tolist()
     assert kept == [4, 0, 4, 4, 0, 4] and batch.batch["response_mask"].sum().item() == rows * 4  # the input is unchanged
     assert record.metrics["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(2 / 6)
     assert record.metrics["rollout/logprob_diff_mean"] == pytest.approx(0.5 * 2 / 6)  # before rejection
 
 
-class _Loader:
-    """The stand-in prompts, batch after batch; its state is the number of batches it has given."""
-
-    epoch = 0
-
-    def __init__(self) -> None:
-        self.given = 0
-
-    def __iter__(self):
-        while True:
-            self.given += 1
-            yield _prompts()
-
-    def state_dict(self) -> dict[str, int]:
-        return {"given": self.given}
-
-
 def test_one_step_off_sends_the_next_generation_before_the_step_trains_and_checkpoints_the_trained_batch():
     calls: list[tuple[str, Any]] = []
-    ctx = _context(["async_training.mode=one_step_off", "trainer.placement=split"], calls)
-    trained = list(TRAINING_MODE_REGISTRY.get("one_step_off")(ctx, BatchSource(_Loader()), range(1, 4)))
+    ctx = stand_in_context(["async_training.mode=one_step_off", "trainer.placement=split"], calls)
+    trained = list(TRAINING_MODE_REGISTRY.get("one_step_off")(ctx, BatchSource(StandInLoader()), range(1, 4)))
     sent = [i for i, (name, _) in enumerate(calls) if name == "generate_sequences"]
     synced = [i for i, (name, _) in enumerate(calls) if name == "sync_weights"]
     assert len(sent) == 3 and len(synced) == 3

@@ -27,10 +27,13 @@ from rlflow.trainer.ppo_metrics import step_end_metrics
 __all__ = ["run_step"]
 
 
-def run_step(ctx: PhaseContext, prompts: DataProto, step: int, sent: Optional[DataProtoFuture] = None) -> dict[str, float]:
+def run_step(ctx: PhaseContext, prompts: DataProto, step: int, sent: Optional[DataProtoFuture] = None,
+             publish: bool = True) -> dict[str, float]:
     """Step ``step`` on a batch of prompts; returns the step's metrics (``timing_s/<name>`` per timed block).
 
     ``sent``: this step's generation, already sent (``Generate.start``); the step waits for it instead of sending one.
+    ``publish`` false: the update's weights stay with the trainer (``fully_async`` publishes every
+    ``trigger_parameter_sync_step`` updates).
     """
     state, record = StepState.begin(ctx, prompts, step), StepRecord()
     with record.timed("step"):
@@ -56,8 +59,9 @@ def run_step(ctx: PhaseContext, prompts: DataProto, step: int, sent: Optional[Da
         if state.update_actor:
             with record.timed("update_actor"):
                 record.add(ActorUpdate(), ctx, batch, state)
-            with record.timed("weight_sync"):
-                record.add(WeightSync(), ctx, batch, state)
+            if publish:
+                with record.timed("weight_sync"):
+                    record.add(WeightSync(), ctx, batch, state)
     uncorrected = ctx.plan.rollout_correction is None  # else the phase or the bypass loss reported rollout_corr/*
     return {**record.metrics, **step_end_metrics(batch, record.timings, ctx.plan.use_critic, ctx.plan.world_size, step,
                                                  with_rollout_log_prob_metrics=uncorrected)}

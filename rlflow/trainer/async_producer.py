@@ -1,0 +1,79 @@
+"""``fully_async``'s producer: the steps' generation calls, sent ahead of the trainer as far as the staleness bound allows.
+
+The rollout replicas are Ray actors, which run their calls in the order they were sent: a generation call
+sent after a weight sync samples with those weights, and one sent before it with the weights before. So
+the producer knows each call's sampling version when it sends it: the version of the last weight sync
+sent (``published``). Step ``s`` trains at version ``updates_before(s)``; its calls are sent only while
+``updates_before(s) - published <= staleness_threshold`` (AReaL's and SkyRL's capacity rule), so no
+trained sample is ever more than ``staleness_threshold`` versions behind the trainer and none is dropped.
+
+A step's batch is split into ``require_batches`` calls, each sent on its own; the trainer takes a step's
+calls in the order they were sent (``take``) and joins their samples (``joined``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rlflow.meta_info import METRICS
+from rlflow.protocol import DataProto, DataProtoFuture
+from rlflow.trainer.phases import PhaseContext, StepState
+from rlflow.trainer.phases.generate import Generate
+from rlflow.workers.metrics import reduce_metrics
+
+__all__ = ["AsyncProducer", "SentCall", "joined"]
+
+CALL_METRICS_REDUCE = {"timing_s/generate": "sum", "rollout/generated_tokens": "sum"}  # calls run one after another
+
+
+@dataclass(frozen=True)
+class SentCall:
+    """One generation call of step ``step``'s batch (``drawn``: a ``DrawnBatch``) and the version that samples it."""
+
+    step: int
+    drawn: Any
+    generation: DataProtoFuture
+    version: int
+
+
+class AsyncProducer:
+    """Sends the generation calls of the steps in ``last``'s range that the staleness bound admits (``fill``)."""
+
+    def __init__(self, ctx: PhaseContext, draw: Callable[[], Any], first: int, last: int,
+                 updates_before: Callable[[int], int]):
+        section = ctx.config.async_training
+        self.ctx, self.draw, self.last, self.updates_before = ctx, draw, last, updates_before
+        self.bound, self.calls_per_step = section.staleness_threshold, section.require_batches
+        self.next_step = first
+        self.published = updates_before(first)  # the rollout holds the weights the first step starts from
+        self.sent: deque[SentCall] = deque()
+
+    def fill(self) -> None:
+        """Send the calls of every next step whose samples, sampled at ``published``, the bound admits."""
+        while self.next_step <= self.last and self.updates_before(self.next_step) - self.published <= self.bound:
+            drawn = self.draw()
+            for part in drawn.prompts.chunk(self.calls_per_step):
+                state = StepState.begin(self.ctx, part, self.next_step)  # the sync run's seeds for this step
+                self.sent.append(SentCall(self.next_step, drawn, Generate().start(self.ctx, part, state), self.published))
+            self.next_step += 1
+
+    def take(self, step: int) -> list[SentCall]:
+        """Step ``step``'s calls, the oldest sent; ``RuntimeError`` if they were not sent (a bound that cannot hold)."""
+        if not self.sent or self.sent[0].step != step:
+            raise RuntimeError(f"step {step}'s samples were never sent: published version {self.published}, "
+                               f"bound {self.bound}")
+        return [self.sent.popleft() for _ in range(self.calls_per_step)]
+
+
+def _join(outputs: list[DataProto]) -> DataProto:
+    metrics = reduce_metrics([METRICS.pop(output.meta_info) for output in outputs], CALL_METRICS_REDUCE)
+    batch = DataProto.concat(outputs)
+    batch.meta_info[METRICS.name] = metrics
+    return batch
+
+
+def joined(calls: list[SentCall]) -> DataProtoFuture:
+    """One future of the calls' samples, in the order sent, with their metrics combined."""
+    return DataProtoFuture([call.generation for call in calls], _join, lambda futures: [f.get() for f in futures])
