@@ -5,7 +5,7 @@ prompts, fp32, rlflow's tuned settings) runs as three ``main_ppo`` runs, one aft
 
 * ``sync, split``: ``trainer.placement=split``, one actor process and one rollout process (``rollout.num_replicas=1``);
 * ``one_step_off, split``: the same placement with ``async_training.mode=one_step_off`` (rollout correction
-  on, as that mode's default: an old-log-prob pass the sync run does not make);
+  on, as that mode's default: token TIS, its weights computed in the update's loss);
 * ``sync, colocated``: rlflow's default placement, one fused process per core (2 here).
 
 Each contender trains the same number of samples. Wall-clock is the sum of the step times (``timing_s/step``)

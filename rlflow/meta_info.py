@@ -13,6 +13,7 @@ fails on a bare-string ``meta_info`` key anywhere in ``rlflow/``.
 | ``global_step`` | int (0) | the PPO generate phase | the rollout (it enters the sampling seeds) |
 | ``validate`` | bool (False) | validation, ReMax's greedy baseline | ``RolloutMethods.generate_sequences`` (``rollout.val_kwargs`` sampling) |
 | ``sampling`` | dict (none) | the service | ``RolloutMethods.generate_sequences`` (this request's sampling keys) |
+| ``policy_version`` | int (none) | ``fully_async``'s producer, with partial rollouts | ``RolloutMethods.generate_sequences`` (waits for these weights, reports each token's version) |
 | ``old_log_probs_from_update`` | bool (False) | the actor-update phase | ``Actor.forward_backward``, the policy loss |
 | ``rollout_correction`` | dict (none) | the actor-update phase, in rollout correction's bypass mode | ``Actor.forward_backward``, the policy loss (it runs the ``bypass_mode`` loss) |
 | ``rollout_is_in_loss`` | dict (none) | the actor-update phase, when an on-policy update's loss computes rollout correction's IS weights | ``Actor.forward_backward``, the policy loss |
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, MutableMapping, TypeVar
 
 __all__ = ["MetaKey", "SCHEMA", "TEMPERATURE", "COMPUTE_ENTROPY", "GLOBAL_STEP", "VALIDATE", "SAMPLING",
-           "OLD_LOG_PROBS_FROM_UPDATE", "ROLLOUT_CORRECTION", "ROLLOUT_IS_IN_LOSS", "MINI_BATCH_SIZE", "SEED", "METRICS",
+           "POLICY_VERSION", "OLD_LOG_PROBS_FROM_UPDATE", "ROLLOUT_CORRECTION", "ROLLOUT_IS_IN_LOSS", "MINI_BATCH_SIZE", "SEED", "METRICS",
            "LOSS_FN", "LOSS_FN_CONFIG", "FORWARD_ONLY"]
 
 T = TypeVar("T")
@@ -78,6 +79,10 @@ COMPUTE_ENTROPY: MetaKey[bool] = MetaKey("compute_entropy", bool, False, "whethe
 GLOBAL_STEP: MetaKey[int] = MetaKey("global_step", int, 0, "the training step a generate call belongs to; it enters the sampling seeds")
 VALIDATE: MetaKey[bool] = MetaKey("validate", bool, False, "generate with rollout.val_kwargs instead of the training sampling keys")
 SAMPLING: MetaKey[Any] = MetaKey("sampling", _as_is, REQUIRED, "one request's sampling keys (SamplingConfig keys plus stop_token_ids)")
+POLICY_VERSION: MetaKey[Any] = MetaKey(
+    "policy_version", _as_is, None,
+    "the oldest weights a generation may sample with (partial rollouts: weights change while it runs, and the output "
+    "says which version sampled each token)")
 OLD_LOG_PROBS_FROM_UPDATE: MetaKey[bool] = MetaKey(
     "old_log_probs_from_update", bool, False,
     "an on-policy update batch: the old log-probs are the update forward's own, detached (docs/algorithms.md)")
@@ -95,6 +100,6 @@ LOSS_FN: MetaKey[str] = MetaKey("loss_fn", str, REQUIRED, "the service's Tinker 
 LOSS_FN_CONFIG: MetaKey[dict] = MetaKey("loss_fn_config", dict, {}, "the options of the service's Tinker loss")
 FORWARD_ONLY: MetaKey[bool] = MetaKey("forward_only", bool, False, "the service's forward pass without gradients")
 
-SCHEMA: tuple[MetaKey[Any], ...] = (TEMPERATURE, COMPUTE_ENTROPY, GLOBAL_STEP, VALIDATE, SAMPLING, OLD_LOG_PROBS_FROM_UPDATE,
-                                    ROLLOUT_CORRECTION, ROLLOUT_IS_IN_LOSS, MINI_BATCH_SIZE, SEED, METRICS, LOSS_FN,
-                                    LOSS_FN_CONFIG, FORWARD_ONLY)
+SCHEMA: tuple[MetaKey[Any], ...] = (TEMPERATURE, COMPUTE_ENTROPY, GLOBAL_STEP, VALIDATE, SAMPLING, POLICY_VERSION,
+                                    OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, ROLLOUT_IS_IN_LOSS, MINI_BATCH_SIZE,
+                                    SEED, METRICS, LOSS_FN, LOSS_FN_CONFIG, FORWARD_ONLY)

@@ -10,15 +10,21 @@ rollout correction on unless told not to (``rlflow.trainer.async_checks``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+from rlflow.config.ranges import AT_LEAST_1, NON_NEGATIVE, Ranges
 
 
 @dataclass
 class AsyncTrainingConfig:
     """How generation and training overlap."""
 
+    RANGES: ClassVar[Ranges] = {"staleness_threshold": NON_NEGATIVE, "trigger_parameter_sync_step": AT_LEAST_1,
+                                "require_batches": AT_LEAST_1}
+
     mode: str = "sync"  # sync | one_step_off | fully_async
     rollout_correction: bool = True  # asynchronous modes: token TIS unless algorithm.rollout_correction sets one
     staleness_threshold: int = 1  # fully_async: most policy versions a trained sample may be behind the trainer
     trigger_parameter_sync_step: int = 1  # fully_async: actor updates between two weight publications
     require_batches: int = 1  # fully_async: generation calls a step's batch is split into (each sent on its own)
-    partial_rollout: bool = False  # fully_async: abort and resume in-flight requests at a weight sync (not built yet)
+    partial_rollout: bool = False  # fully_async: a weight sync aborts the requests in flight, resumed with the new weights

@@ -145,6 +145,18 @@ class BaseRollout(ABC):
     def has_unfinished(self) -> bool:
         """Whether any queued request has not finished."""
 
+    def track_partial_outputs(self, on: bool) -> None:
+        """Keep each request's tokens as they are sampled, so ``abort_keeping`` can return them (a backend whose
+        ``step`` runs its requests to the end has none to keep)."""
+
+    def abort_keeping(self, request_ids: Iterable[str]) -> dict[str, Completion]:
+        """Abort these requests and return what each sampled so far (``finish_reason`` ``abort``; no tokens
+        unless ``track_partial_outputs`` is on and the backend keeps them)."""
+        request_ids = list(request_ids)
+        self.abort(request_ids)
+        empty = Completion((), () if self.calculate_log_probs else None, "abort")
+        return {request_id: empty for request_id in request_ids}
+
     def run_requests(self, requests: dict[str, GenerationRequest]) -> dict[str, Completion]:
         """Serve ``requests`` (id -> request) to completion, all queued at once, in the dict's order."""
         self.check_weights()

@@ -39,15 +39,19 @@ class GenerationRequest:
 @dataclass(frozen=True)
 class Completion:
     """What one request produced: ``token_ids`` as sampled (not cut at a stop string: the caller cuts),
-    ``log_probs`` of those tokens (None when the rollout does not compute them) and ``finish_reason``,
-    one of ``FINISH_REASONS``."""
+    ``log_probs`` of those tokens (None when the rollout does not compute them), ``finish_reason``,
+    one of ``FINISH_REASONS``, and the policy version that sampled each token (``versions``: set by a
+    ``RequestServer``, whose weights may change while a request is in flight)."""
 
     token_ids: tuple[int, ...]
     log_probs: Optional[tuple[float, ...]]
     finish_reason: str
+    versions: Optional[tuple[int, ...]] = None
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
         if self.log_probs is not None and len(self.log_probs) != len(self.token_ids):
             raise ValueError(f"{len(self.log_probs)} log-probs for {len(self.token_ids)} tokens")
+        if self.versions is not None and len(self.versions) != len(self.token_ids):
+            raise ValueError(f"{len(self.versions)} versions for {len(self.token_ids)} tokens")

@@ -30,7 +30,7 @@ import gc
 import os
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -77,6 +77,7 @@ class VLLMRollout(BaseRollout):
         self._adapter = LocalAdapter(config) if syncs_adapters(config) else None
         self._sleep_enabled = bool(config.free_cache_engine) and (not self._on_cpu or vllm_cpu_compat.SLEEP_SUPPORTED)
         self._asleep = False
+        self._partial: Optional[dict[str, tuple[list[int], list[float]]]] = None  # request id -> tokens, log-probs so far
         self._host_owns_group = dist.is_available() and dist.is_initialized()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         drop_expected_vllm_warnings()
@@ -134,7 +135,8 @@ class VLLMRollout(BaseRollout):
             detokenize=bool(sampling.stop),
             allowed_token_ids=None if request.allowed_token_ids is None else list(request.allowed_token_ids),
         )
-        params.output_kind = RequestOutputKind.FINAL_ONLY  # step() returns a request once, finished (as LLM.generate)
+        # step() returns a request once, finished (as LLM.generate); or each step's new tokens, kept for abort_keeping
+        params.output_kind = RequestOutputKind.FINAL_ONLY if self._partial is None else RequestOutputKind.DELTA
         lora_request = None if self._adapter is None else self._adapter.request
         prompt = self._llm._preprocess_cmpl_one({"prompt_token_ids": list(request.prompt_ids)})  # LLM.generate's rendering
         self._llm.llm_engine.add_request(request_id, prompt, params, lora_request=lora_request)
@@ -144,20 +146,38 @@ class VLLMRollout(BaseRollout):
         self._require_awake("generate")
         finished = []
         for output in self._llm.llm_engine.step():
-            if not output.finished:
-                continue
             sample = output.outputs[0]
-            tokens = tuple(sample.token_ids)
-            log_probs = None
-            if self.calculate_log_probs:
-                log_probs = tuple(sample.logprobs[i][token].logprob for i, token in enumerate(tokens))
-            finished.append((output.request_id, Completion(tokens, log_probs, sample.finish_reason or "stop")))
+            tokens = list(sample.token_ids)
+            log_probs = [sample.logprobs[i][token].logprob for i, token in enumerate(tokens)] if self.calculate_log_probs else []
+            if self._partial is not None:  # DELTA outputs: this step's new tokens of every running request
+                kept_tokens, kept_log_probs = self._partial.setdefault(output.request_id, ([], []))
+                kept_tokens += tokens
+                kept_log_probs += log_probs
+                if output.finished:
+                    tokens, log_probs = self._partial.pop(output.request_id)
+            if output.finished:
+                values = tuple(log_probs) if self.calculate_log_probs else None
+                finished.append((output.request_id, Completion(tuple(tokens), values, sample.finish_reason or "stop")))
         return finished
 
     def abort(self, request_ids: Iterable[str]) -> None:
         """Abort on the engine (``LLMEngine.abort_request``)."""
         if self._llm is not None:
-            self._llm.llm_engine.abort_request(list(request_ids))
+            request_ids = list(request_ids)
+            self._llm.llm_engine.abort_request(request_ids)
+            for request_id in request_ids:
+                (self._partial or {}).pop(request_id, None)
+
+    def track_partial_outputs(self, on: bool) -> None:
+        """Requests added from now on report every step's new tokens (``DELTA``), kept here for ``abort_keeping``."""
+        self._partial = {} if on else None
+
+    def abort_keeping(self, request_ids: Iterable[str]) -> dict[str, Completion]:
+        request_ids = list(request_ids)
+        kept = {request_id: (self._partial or {}).get(request_id, ([], [])) for request_id in request_ids}
+        self.abort(request_ids)
+        return {request_id: Completion(tuple(tokens), tuple(values) if self.calculate_log_probs else None, "abort")
+                for request_id, (tokens, values) in kept.items()}
 
     def has_unfinished(self) -> bool:
         return self._llm is not None and self._llm.llm_engine.has_unfinished_requests()

@@ -4,7 +4,8 @@
   own (``trainer.placement=split``); a colocated process does one thing at a time.
 * ``fully_async``'s keys: a staleness bound of at least 0 versions, weights published at least every
   ``staleness_threshold + 1`` updates (else the samples of the next step wait for weights that never
-  come), ``require_batches`` dividing the step's batch; partial rollouts are not built yet.
+  come), ``require_batches`` dividing the step's batch; partial rollouts in ``fully_async`` only, with the
+  whole model synced (not ``rollout.lora_sync=adapter``).
 * Rollout correction: the samples of an asynchronous mode come from an older policy than the one
   trained, so with ``async_training.rollout_correction`` (the default) and no correction configured,
   token-level truncated importance sampling is turned on at ``algorithm.rollout_correction``'s
@@ -16,6 +17,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, open_dict
 
 from rlflow.config import ConfigError
+from rlflow.rollout import syncs_adapters
 from rlflow.utils.logging import get_logger
 
 __all__ = ["settle_async_training"]
@@ -23,24 +25,26 @@ __all__ = ["settle_async_training"]
 logger = get_logger(__name__)
 
 SYNC = "sync"
+FULLY_ASYNC = "fully_async"
 DEFAULT_IS_LEVEL = "token"
 
 
 def check_async_keys(config: DictConfig) -> None:
-    """Refuse ``async_training`` keys out of range, whichever mode runs."""
+    """Refuse ``async_training`` keys that do not fit together (each key's own range is declared in its schema)."""
     section = config.async_training
     staleness, trigger, chunks = section.staleness_threshold, section.trigger_parameter_sync_step, section.require_batches
-    if staleness < 0:
-        raise ConfigError(f"config key 'async_training.staleness_threshold': must be >= 0 (actor updates), got {staleness}")
-    if not 1 <= trigger <= staleness + 1:
+    if trigger > staleness + 1:
         raise ConfigError(f"config key 'async_training.trigger_parameter_sync_step': must be 1..staleness_threshold + 1 "
                           f"({staleness + 1}), got {trigger}: a step's samples would wait for weights never published")
-    if chunks < 1 or config.data.train_batch_size % chunks:
+    if config.data.train_batch_size % chunks:
         raise ConfigError(f"config key 'async_training.require_batches': must divide data.train_batch_size "
                           f"({config.data.train_batch_size}), got {chunks}")
-    if section.partial_rollout:
-        raise ConfigError("config key 'async_training.partial_rollout': partial rollouts (abort and resume at a weight "
-                          "sync) are not built yet; set it to false")
+    if section.partial_rollout and section.mode != FULLY_ASYNC:
+        raise ConfigError(f"config key 'async_training.partial_rollout': partial rollouts are part of "
+                          f"async_training.mode={FULLY_ASYNC}, not {section.mode}")
+    if section.partial_rollout and syncs_adapters(config.rollout):
+        raise ConfigError("config key 'async_training.partial_rollout': a live weight sync loads the whole model; "
+                          "rollout.lora_sync=adapter is not supported with it (set rollout.lora_sync=merged)")
 
 
 def settle_async_training(config: DictConfig) -> None:

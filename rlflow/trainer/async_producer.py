@@ -9,6 +9,11 @@ trained sample is ever more than ``staleness_threshold`` versions behind the tra
 
 A step's batch is split into ``require_batches`` calls, each sent on its own; the trainer takes a step's
 calls in the order they were sent (``take``) and joins their samples (``joined``).
+
+With partial rollouts (``async_training.partial_rollout``) weight syncs reach the rollout beside the
+generation in progress instead of after it; each call then names the oldest weights it may sample with
+(``POLICY_VERSION``: ``published`` when sent), so its samples are never older than the bound assumes, and
+the rollout reports the version of every token.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rlflow.meta_info import METRICS
+from rlflow.meta_info import METRICS, POLICY_VERSION
 from rlflow.protocol import DataProto, DataProtoFuture
 from rlflow.trainer.phases import PhaseContext, StepState
+from rlflow.trainer.phases.context import updates_before
 from rlflow.trainer.phases.generate import Generate
 from rlflow.workers.metrics import reduce_metrics
 
@@ -41,20 +47,22 @@ class SentCall:
 class AsyncProducer:
     """Sends the generation calls of the steps in ``last``'s range that the staleness bound admits (``fill``)."""
 
-    def __init__(self, ctx: PhaseContext, draw: Callable[[], Any], first: int, last: int,
-                 updates_before: Callable[[int], int]):
+    def __init__(self, ctx: PhaseContext, draw: Callable[[], Any], first: int, last: int):
         section = ctx.config.async_training
-        self.ctx, self.draw, self.last, self.updates_before = ctx, draw, last, updates_before
-        self.bound, self.calls_per_step = section.staleness_threshold, section.require_batches
+        self.ctx, self.draw, self.last = ctx, draw, last
+        self.bound, self.calls_per_step, self.partial = section.staleness_threshold, section.require_batches, \
+            section.partial_rollout
         self.next_step = first
-        self.published = updates_before(first)  # the rollout holds the weights the first step starts from
+        self.published = updates_before(ctx, first)  # the rollout holds the weights the first step starts from
         self.sent: deque[SentCall] = deque()
 
     def fill(self) -> None:
         """Send the calls of every next step whose samples, sampled at ``published``, the bound admits."""
-        while self.next_step <= self.last and self.updates_before(self.next_step) - self.published <= self.bound:
+        while self.next_step <= self.last and updates_before(self.ctx, self.next_step) - self.published <= self.bound:
             drawn = self.draw()
             for part in drawn.prompts.chunk(self.calls_per_step):
+                if self.partial:
+                    part.meta_info[POLICY_VERSION.name] = self.published
                 state = StepState.begin(self.ctx, part, self.next_step)  # the sync run's seeds for this step
                 self.sent.append(SentCall(self.next_step, drawn, Generate().start(self.ctx, part, state), self.published))
             self.next_step += 1

@@ -46,15 +46,22 @@ class PlacedRoles:
     colocated: bool
     groups: list[RayWorkerGroup] = field(default_factory=list)
 
-    def sync_weights(self, rollout_config: Any) -> dict[str, float]:
-        """Push the actor's weights into every rollout replica, in the rollout's dtype (``rollout.dtype``)."""
+    def sync_weights(self, rollout_config: Any, version: int) -> dict[str, float]:
+        """Push the actor's weights into every rollout replica, in the rollout's dtype (``rollout.dtype``), as policy
+        ``version`` (its actor updates; a split replica keeps it for partial rollouts)."""
         if self.colocated:
             return self.actor.sync_weights()[0]
         if syncs_adapters(rollout_config):
             published = self.actor.publish_lora_adapter(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
             return self.rollout.update_lora_adapter(published)[0]
         refs = self.actor.publish_weights(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
-        return self.rollout.update_weights(refs)[0]
+        return self.rollout.update_weights(refs, version)[0]
+
+    def sync_weights_live(self, rollout_config: Any, version: int) -> dict[str, float]:
+        """Split placement, partial rollouts: push the actor's weights into the rollout replicas while they generate
+        (``RolloutWorker.update_weights_live``), as policy ``version``."""
+        refs = self.actor.publish_weights(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
+        return self.rollout.update_weights_live(refs, version)[0]
 
     def free_rollout_memory(self, rollout_config: Any) -> None:
         """Colocated with ``rollout.free_cache_engine``: put the rollout engines to sleep for the

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlflow.trainer.phases.context import PhaseContext
+from rlflow.trainer.phases.context import PhaseContext, updates_before
 from rlflow.trainer.ppo_setup import PPOSetup
 from rlflow.trainer.run_folder import export_dir
 from rlflow.utils.logging import get_logger
@@ -49,7 +49,7 @@ def resume(setup: PPOSetup, ctx: PhaseContext) -> int:
     ctx.roles.actor.load_checkpoint(str(folder / "actor"))
     if ctx.plan.use_critic:
         ctx.roles.critic.load_checkpoint(str(folder / "critic"))
-    ctx.roles.sync_weights(setup.config.rollout)
+    ctx.roles.sync_weights(setup.config.rollout, updates_before(ctx, int(state["global_step"]) + 1))
     setup.train_loader.load_state_dict(state["dataloader"])
     ctx.kl_ctrl.value = state["kl_coef"]
     ctx.guard.load_state_dict(state["divergence_guard"])

@@ -28,7 +28,9 @@ from rlflow.config import ConfigError
 from rlflow.protocol import DataProto, DataProtoFuture
 from rlflow.trainer.phases import PhaseContext, StepState, run_step
 from rlflow.trainer.async_producer import AsyncProducer, joined
-from rlflow.trainer.phases.generate import Generate
+from rlflow.trainer.phases.context import updates_before
+from rlflow.trainer.phases.generate import Generate, staleness_metrics
+from rlflow.trainer.phases.sync import WEIGHT_SYNC, LiveWeightSync
 from rlflow.utils.registry import Registry
 
 __all__ = ["BatchSource", "TRAINING_MODE_REGISTRY", "TrainedStep"]
@@ -82,21 +84,6 @@ def sync_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> Iterator
         yield TrainedStep(step, {**metrics, "training/epoch": drawn.epoch}, drawn.loader_state)
 
 
-def updates_before(ctx: PhaseContext, step: int) -> int:
-    """The policy version the trainer holds when step ``step`` trains: the actor updates of the steps before it
-    (a critic's warm-up steps update no actor)."""
-    warmup = ctx.config.critic.warmup_steps if ctx.plan.use_critic else 0
-    return max(0, step - 1 - warmup)
-
-
-def staleness_metrics(trainer_version: int, sample_versions: list[int]) -> dict[str, float]:
-    """``async/*``: the oldest sampling version of a step's samples and how far behind the trainer they are
-    (one version per equal-sized generation call)."""
-    behind = [trainer_version - version for version in sample_versions]
-    return {"async/policy_version": min(sample_versions), "async/staleness/mean": sum(behind) / len(behind),
-            "async/staleness/max": max(behind)}
-
-
 @dataclass(frozen=True)
 class _SentBatch:
     """A drawn batch whose generation was sent, and the policy version (actor updates) that samples it."""
@@ -133,8 +120,8 @@ def fully_async_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> I
     """Keep the rollout generating the next steps' samples within the staleness bound while each step trains."""
     if not steps:
         return
-    producer = AsyncProducer(ctx, source.draw, steps[0], steps[-1], lambda step: updates_before(ctx, step))
-    trigger = ctx.config.async_training.trigger_parameter_sync_step
+    producer = AsyncProducer(ctx, source.draw, steps[0], steps[-1])
+    trigger, partial = ctx.config.async_training.trigger_parameter_sync_step, ctx.config.async_training.partial_rollout
     last_yield = time.perf_counter()
     for step in steps:
         producer.fill()
@@ -143,13 +130,16 @@ def fully_async_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> I
         drawn, version = calls[0].drawn, updates_before(ctx, step)
         updates = StepState.begin(ctx, drawn.prompts, step).update_actor
         publish = updates and ((version + 1) % trigger == 0 or step == steps[-1])
-        metrics = run_step(ctx, drawn.prompts, step, joined(calls), publish=publish)
+        weight_sync = (LiveWeightSync(version + 1) if partial else WEIGHT_SYNC) if publish else None
+        metrics = run_step(ctx, drawn.prompts, step, joined(calls), weight_sync)
         if publish:
             producer.published = version + 1
-        wall = time.perf_counter() - last_yield
+        wall = max(time.perf_counter() - last_yield, 1e-9)
+        generating = metrics.get("timing_s/generate", 0.0)  # the rollout's time on this step's samples
         metrics.update({"training/epoch": drawn.epoch, "async/queue_depth": queued,
-                        "async/trainer_idle_fraction": metrics["timing_s/gen"] / max(wall, 1e-9),
-                        "async/rollout_idle_fraction": max(0.0, 1.0 - metrics.get("timing_s/generate", 0.0) / max(wall, 1e-9)),
-                        **staleness_metrics(version, [call.version for call in calls])})
+                        "async/trainer_idle_fraction": metrics["timing_s/gen"] / wall,
+                        "async/rollout_idle_fraction": max(0.0, 1.0 - generating / wall)})
+        if not partial:  # else each token's version came back with the samples (Generate's metrics)
+            metrics.update(staleness_metrics(version, [call.version for call in calls]))
         yield TrainedStep(step, metrics, drawn.loader_state)
         last_yield = time.perf_counter()

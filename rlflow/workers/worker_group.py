@@ -20,7 +20,7 @@ from rlflow.utils.logging import get_logger
 from rlflow.utils.plugins import loaded_plugins
 from rlflow.utils.tensor_wire import borrowing_store_buffers
 from rlflow.workers.call_limits import CallLimit, GroupTimeouts
-from rlflow.workers.decorator import MethodSpec, registered_methods
+from rlflow.workers.decorator import CONCURRENT_GROUP, MethodSpec, registered_methods
 from rlflow.workers.dispatch import ONE_TO_ALL, RANK_ZERO, DispatchContext, get_dispatch_mode
 from rlflow.workers.errors import WorkerDiedError, WorkerError, WorkerTimeoutError, worker_error_from
 from rlflow.workers.host import WorkerHost, WorkerInfo
@@ -148,7 +148,7 @@ class RoleHandle:
         bad = sorted(rank for rank in calls if not 0 <= rank < self.world_size)
         if bad:
             raise ValueError(f"dispatch mode '{mode.name}' addressed ranks {bad} outside 0..{self.world_size - 1}")
-        refs = self._group._submit(self.role, spec.name, calls)
+        refs = self._group._submit(self.role, spec.name, calls, spec.concurrent)
         ranks = list(refs)
         limit = self._group.timeouts.for_method(spec.name)
 
@@ -221,7 +221,7 @@ class RayWorkerGroup:
 
     def _start(self, specs: dict[str, WorkerSpec], dist_timeout_s: float, plugins: list[str]) -> None:
         pool = self._pool
-        host_cls = ray.remote(WorkerHost)
+        host_cls = ray.remote(concurrency_groups={CONCURRENT_GROUP: 1})(WorkerHost)
         for rank, slot in enumerate(pool.slots):
             options = pool.actor_options(rank)
             self._hosts.append(
@@ -280,8 +280,10 @@ class RayWorkerGroup:
             self._timed_out = True
             raise
 
-    def _submit(self, role: str, method: str, calls: dict[int, tuple[tuple, dict]]) -> dict[int, ray.ObjectRef]:
-        """Start the per-rank calls; an argument object sent to several ranks is put in the object store once."""
+    def _submit(self, role: str, method: str, calls: dict[int, tuple[tuple, dict]],
+                concurrent: bool = False) -> dict[int, ray.ObjectRef]:
+        """Start the per-rank calls (``concurrent``: on the workers' second thread); an argument object sent to
+        several ranks is put in the object store once."""
         if not self._hosts:
             raise RuntimeError(f"group '{self.name}' is shut down")
         uses = Counter(id(v) for args, kwargs in calls.values() for v in (*args, *kwargs.values()))
@@ -294,10 +296,11 @@ class RayWorkerGroup:
                 shared[id(value)] = ray.put(value)
             return shared[id(value)]
 
+        def caller(rank: int) -> Any:
+            return self._hosts[rank].call.options(concurrency_group=CONCURRENT_GROUP) if concurrent else self._hosts[rank].call
+
         return {
-            rank: self._hosts[rank].call.remote(
-                role, method, *[ship(a) for a in args], **{k: ship(v) for k, v in kwargs.items()}
-            )
+            rank: caller(rank).remote(role, method, *[ship(a) for a in args], **{k: ship(v) for k, v in kwargs.items()})
             for rank, (args, kwargs) in calls.items()
         }
 

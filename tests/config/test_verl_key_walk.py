@@ -75,6 +75,9 @@ SPECIAL: dict[str, tuple[list[str], Any, dict[str, Any]]] = {
     "rollout_correction.bypass_mode": (BYPASS_CONTEXT, True, {"ppo_trainer": True}),
     "rollout_correction.loss_type": (BYPASS_CONTEXT + [f"{CORRECTION}bypass_mode=True"], "reinforce",
                                      {"ppo_trainer": "reinforce"}),
+    "async_training.require_batches": (["data.train_batch_size=8"], 4, {"ppo_trainer": 4}),  # divides the batch
+    "async_training.partial_rollout": (["async_training.mode=fully_async", "trainer.hybrid_engine=False"], True,
+                                       {"ppo_trainer": True}),  # a fully_async key, on split placement
 }
 # Where a value lands when that is not the table's rlflow key: config loading merges verl's external_lib into plugins.
 LANDS_IN = {"trainer.external_lib": "trainer.plugins"}

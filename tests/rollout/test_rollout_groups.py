@@ -55,7 +55,7 @@ def runs(ray_session, tiny_path, tokenizer, tmp_path_factory):
         results = {"losses": actor.train(3)}
         actor.sleep()  # as the driver does before an update (free_cache_engine); on CPU the engine stays up
         actor.sync_in_process()
-        results["sync_reports"] = split.update_weights(actor.publish(0.05)[0])
+        results["sync_reports"] = split.update_weights(actor.publish(0.05)[0], 1)
         actor.save_hf(str(export_dir))
         validation = prompts.select(meta_info_keys=[])
         validation.meta_info["validate"] = True

@@ -84,7 +84,7 @@ def stand_in_roles(config: Any, calls: list[tuple[str, Any]]) -> SimpleNamespace
         actor=actor, ref=actor, critic=critic, reward_model=None,
         rollout=SimpleNamespace(generate_sequences=Method("generate_sequences", calls, generate_fn(config))),
         free_rollout_memory=Method("free_rollout_memory", calls, lambda cfg: None),
-        sync_weights=Method("sync_weights", calls, lambda cfg: {"weight_sync/mb": 1.0}),
+        sync_weights=Method("sync_weights", calls, lambda cfg, version: {"weight_sync/mb": 1.0}),
     )
 
 

@@ -18,9 +18,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from phases_testlib import StandInLoader, generate_fn, stand_in_context, stand_in_prompts, stand_in_reward
 
 from rlflow.config import ConfigError
+from rlflow.trainer.phases.generate import token_version_metrics
 from rlflow.trainer.response_scoring import ResponseScorer
 from rlflow.trainer.training_modes import TRAINING_MODE_REGISTRY, BatchSource
 
@@ -62,13 +64,11 @@ def test_weights_are_published_every_trigger_updates_and_after_the_last_step():
 
 class InOrderRollout:
     """A stand-in rollout actor: its calls run one at a time in the order sent, on a thread of its own; a
-    generation call takes a random time and records the weights version that sampled each prompt's samples.
-    A weight sync loads the trainer's version when it was sent (``trainer_version()``: its actor updates)."""
+    generation call takes a random time and records the weights version that sampled each prompt's samples."""
 
-    def __init__(self, config: Any, version: int, rng: random.Random, trainer_version: Any):
+    def __init__(self, config: Any, version: int, rng: random.Random):
         self.pool = ThreadPoolExecutor(max_workers=1)
         self.version, self.rng, self.generate = version, rng, generate_fn(config)
-        self.trainer_version = trainer_version
         self.sampled_at: dict[str, int] = {}
 
     def _generation(self, prompts: Any) -> Any:
@@ -81,11 +81,9 @@ class InOrderRollout:
     def future(self, prompts: Any) -> SimpleNamespace:
         return SimpleNamespace(get=self.pool.submit(self._generation, prompts).result)
 
-    def sync_weights(self, rollout_config: Any) -> dict[str, float]:
-        published = self.trainer_version()
-
+    def sync_weights(self, rollout_config: Any, version: int) -> dict[str, float]:
         def load() -> dict[str, float]:
-            self.version = published
+            self.version = version
             return {"weight_sync/mb": 1.0}
         return self.pool.submit(load).result()  # waits for the generation calls sent before it, as Ray does
 
@@ -110,8 +108,7 @@ def _trained(overrides: list[str], steps: range, given: int, rng: random.Random)
     step is the number of steps before it (GRPO: every step updates)."""
     ctx = stand_in_context(ASYNC + ["async_training.mode=fully_async"] + overrides, [])
     scored: list[set[str]] = []
-    # a resume loads the checkpoint's weights first; a sync after a step's update holds that update
-    rollout = InOrderRollout(ctx.config, steps[0] - 1, rng, lambda: steps[0] - 1 + len(scored))
+    rollout = InOrderRollout(ctx.config, steps[0] - 1, rng)  # a resume loads the checkpoint's weights first
     ctx.roles.rollout.generate_sequences = rollout
     ctx.roles.sync_weights = rollout.sync_weights
 
@@ -147,12 +144,24 @@ def test_no_sample_is_staler_than_the_bound_none_is_trained_twice_and_a_resume_t
 
 
 @pytest.mark.parametrize("override, message", [
-    ("async_training.staleness_threshold=-1", "'async_training.staleness_threshold': must be >= 0"),
     ("async_training.trigger_parameter_sync_step=3", "must be 1..staleness_threshold + 1 (2), got 3"),
     ("async_training.require_batches=3", "must divide data.train_batch_size (4), got 3"),
-    ("async_training.partial_rollout=true", "partial rollouts (abort and resume at a weight sync) are not built yet"),
+    ("async_training.partial_rollout=true", "partial rollouts are part of async_training.mode=fully_async, not sync"),
+    ("async_training.mode=fully_async trainer.placement=split async_training.partial_rollout=true "
+     "actor.engine.lora.rank=4 rollout.lora_sync=adapter", "rollout.lora_sync=adapter is not supported with it"),
 ])
 def test_async_keys_out_of_range_are_refused_at_composition(override, message):
     with pytest.raises(ConfigError) as refused:
-        stand_in_context([override], [])
+        stand_in_context(override.split(), [])
     assert message in str(refused.value)
+
+
+def test_token_versions_give_each_samples_oldest_version_and_the_share_resumed_with_newer_weights():
+    versions = torch.tensor([[5, 5, 6, -1],  # resumed after a sync: oldest 5
+                             [6, 6, -1, -1],
+                             [4, -1, 4, 4],  # a tool token (-1) between two model turns
+                             [-1, -1, -1, -1]])  # no sampled token: left out
+    metrics = token_version_metrics(6, versions)
+    assert metrics["async/policy_version"] == 4 and metrics["async/staleness/max"] == 2
+    assert metrics["async/staleness/mean"] == pytest.approx((1 + 0 + 2) / 3)
+    assert metrics["async/partial_samples"] == pytest.approx(1 / 3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import torch
@@ -165,3 +166,28 @@ class SlowInitWorker(Worker):
     def __init__(self, seconds: float):
         super().__init__()
         time.sleep(seconds)
+
+
+class GateWorker(Worker):
+    """A long call that waits for a gate, and a ``concurrent`` call that opens it: the second can only return
+    while the first is in progress if it runs beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.order: list[str] = []
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def wait_for_gate(self, timeout_s: float) -> bool:
+        self.order.append("wait_for_gate")
+        return self.gate.wait(timeout_s)
+
+    @register(dispatch_mode=ONE_TO_ALL, concurrent=True)
+    def open_gate(self) -> str:
+        self.gate.set()
+        return threading.current_thread().name
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def record(self, name: str) -> list[str]:
+        self.order.append(name)
+        return list(self.order)

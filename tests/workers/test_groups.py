@@ -7,7 +7,7 @@ import time
 import pytest
 import ray
 import torch
-from sample_workers import ProbeWorker, SlowInitWorker
+from sample_workers import GateWorker, ProbeWorker, SlowInitWorker
 
 from rlflow.errors import UserError
 from rlflow.protocol import DataProto, DataProtoFuture
@@ -217,3 +217,14 @@ def test_bad_worker_classes_fail_before_any_actor_starts(local_ray):
             RayWorkerGroup(pool, {"shutdown": ProbeWorker})
     finally:
         pool.release()
+
+
+def test_a_concurrent_call_runs_beside_the_call_in_progress_and_the_others_keep_their_order(local_ray):
+    pool = ResourcePool(procs_per_node=1, cpus_per_proc=0.5, device="cpu", name="gate")
+    with RayWorkerGroup(pool, GateWorker, name="gate") as wg:
+        waiting = wg.wait_for_gate.future(60.0)
+        later = [wg.record.future(f"call-{i}") for i in range(3)]  # sent behind the long call, in this order
+        time.sleep(1.0)  # the long call is in progress
+        assert wg.open_gate() != ""  # runs now, on another thread, though sent after everything above
+        assert waiting.get() == [True]  # the long call saw the gate open: it had not finished before
+        assert later[-1].get()[0] == ["wait_for_gate", "call-0", "call-1", "call-2"]

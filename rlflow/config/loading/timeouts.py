@@ -31,6 +31,7 @@ METHOD_PHASES: dict[str, str] = {
     "sync_weights": "sync",
     "publish_weights": "sync",
     "update_weights": "sync",
+    "update_weights_live": "sync",
     "publish_lora_adapter": "sync",
     "update_lora_adapter": "sync",
     "sync_sampler": "sync",

@@ -3,7 +3,9 @@
 Every sample of every row (``n`` per row) is one coroutine; all of them run concurrently on the
 replica's ``RequestServer``, so their model turns share engine steps while tools run. The output has
 the batched ``generate``'s layout (``responses``, ``response_mask``, ``rollout_log_probs`` ...), with
-``response_mask`` 0 on tool and environment tokens, plus the non-tensor column ``num_turns``. When a loop
+``response_mask`` 0 on tool and environment tokens, plus the non-tensor column ``num_turns``; served by a
+given ``RequestServer`` (asynchronous training), also ``rollout_versions``: the policy version that sampled
+each response token, -1 on the others. When a loop
 scored its trajectories (an environment's reward), each sample's ``extra_info`` carries it as
 ``agent_reward``, which the ``env/*`` reward returns.
 """
@@ -12,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
+import torch
 
 from rlflow.protocol import DataProto
 from rlflow.rewards.environment import AGENT_REWARD_KEY
@@ -26,6 +29,7 @@ from rlflow.rollout.processing import ResponseEnd, build_rollout_output
 from rlflow.rollout.request_server import RequestServer
 
 AGENT_NAME_COLUMN = "agent_name"  # verl's column
+VERSIONS_COLUMN = "rollout_versions"  # [B, R]: the policy version that sampled each response token, -1 elsewhere
 
 
 def _row(prompts: DataProto, index: int) -> dict[str, Any]:
@@ -44,13 +48,16 @@ def agent_names(prompts: DataProto, default: str) -> list[str]:
 
 
 def generate_trajectories(
-    rollout: BaseRollout, prompts: DataProto, multi_turn: Any, sampling: Any = None
+    rollout: BaseRollout, prompts: DataProto, multi_turn: Any, sampling: Any = None,
+    server: Optional[RequestServer] = None,
 ) -> tuple[DataProto, dict[str, float]]:
     """``n`` trajectories per prompt row (a row's adjacent), each from the loop its row names; and the mean of
-    every per-trajectory metric (``num_turns``, ``agent/*``)."""
+    every per-trajectory metric (``num_turns``, ``agent/*``). ``server``: serve them there and report each
+    token's version (module doc)."""
     params, tokens, seed_key = rollout.prepare(prompts, sampling)
     names = agent_names(prompts, multi_turn.default_agent_loop)
-    server = RequestServer(rollout)
+    versioned = server is not None
+    server = server or RequestServer(rollout)
     ctx = AgentContext(
         server=server,
         tokenizer=rollout.tokenizer,
@@ -72,6 +79,10 @@ def generate_trajectories(
     output = build_rollout_output(prompts, tokens, [t.response_ids for t in trajectories], log_probs, params,
                                   rollout.pad_token_id, response_masks=[t.response_mask for t in trajectories])
     output.non_tensor_batch["num_turns"] = np.array([t.turns + t.env_turns for t in trajectories], dtype=np.int64)
+    if versioned:
+        width = output.batch["responses"].shape[1]
+        output.batch[VERSIONS_COLUMN] = torch.tensor([t.versions[:width] + [-1] * (width - len(t.versions[:width]))
+                                                      for t in trajectories], dtype=torch.long).reshape(-1, width)
     if any(t.reward is not None for t in trajectories):
         output.non_tensor_batch["extra_info"] = np.array(
             [{**dict(extra or {}), AGENT_REWARD_KEY: t.reward}

@@ -2,8 +2,9 @@
 tokenized once, and nothing ever re-tokenized.
 
 ``Trajectory.response_mask`` is 1 on every sampled token and 0 on every tool or environment token;
-``log_probs`` holds the rollout's log-prob of each sampled token and 0.0 on the others, so it lines up
-with the response. The response never outgrows ``budget`` (``rollout.response_length``): a turn
+``log_probs`` holds the rollout's log-prob of each sampled token and 0.0 on the others, and ``versions`` the
+policy version that sampled each token (-1 on the others, and where the server did not say), so both line
+up with the response. The response never outgrows ``budget`` (``rollout.response_length``): a turn
 that would is cut, and ``truncated`` records it.
 """
 
@@ -24,6 +25,7 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     turns: int = 0  # model turns
     env_turns: int = 0  # tool or environment turns appended
     tool_calls: int = 0
@@ -45,7 +47,9 @@ class Trajectory:
     def add_model_turn(self, token_ids: list[int], completion: Completion) -> None:
         """Append the sampled ``token_ids`` (a completion's tokens, cut at its end) with their log-probs."""
         self.turns += 1
-        self._append(token_ids, 1, list(completion.log_probs[: len(token_ids)]) if completion.log_probs else None)
+        log_probs = list(completion.log_probs[: len(token_ids)]) if completion.log_probs else None
+        versions = list(completion.versions[: len(token_ids)]) if completion.versions else None
+        self._append(token_ids, 1, log_probs, versions)
         if completion.finish_reason == "length":
             self.truncated = True
 
@@ -58,13 +62,15 @@ class Trajectory:
         self._append(token_ids, 0, None)
         return True
 
-    def _append(self, token_ids: list[int], mask: int, log_probs: Optional[list[float]]) -> None:
+    def _append(self, token_ids: list[int], mask: int, log_probs: Optional[list[float]],
+                versions: Optional[list[int]] = None) -> None:
         keep = token_ids[: self.room]
         if len(keep) < len(token_ids):
             self.truncated = True
         self.response_ids += keep
         self.response_mask += [mask] * len(keep)
         self.log_probs += (log_probs or [0.0] * len(keep))[: len(keep)]
+        self.versions += (versions or [-1] * len(keep))[: len(keep)]
 
     def metrics(self) -> dict[str, float]:
         """Per-trajectory values the worker averages into the step's metrics."""

@@ -8,7 +8,7 @@
 | ``rollout_correction`` | ``RolloutCorrection`` | decoupled: old + rollout log-probs -> ``response_mask`` (rejection), ``rollout_is_weights``; bypass: ``rollout_log_probs`` -> ``old_log_probs`` |
 | ``advantages`` | ``Advantages`` | scores (+ KL inputs, values, baselines) -> ``token_level_rewards``, ``advantages``, ``returns`` |
 | ``updates`` | ``CriticUpdate``, ``ActorUpdate`` | model inputs + values/returns; + old log-probs/advantages (+ ``rollout_is_weights``) -> (on-policy: ``old_log_probs``, ``entropys``) |
-| ``sync`` | ``RolloutSleep``, ``WeightSync`` | nothing (the rollout engines' memory and weights) |
+| ``sync`` | ``RolloutSleep``, ``WeightSync``, ``LiveWeightSync`` (partial rollouts) | nothing (the rollout engines' memory and weights) |
 | ``validate`` | ``validate`` (a function over the val loader) | val prompts -> ``val-core/...`` metrics |
 
 ``base`` holds the contract (``Phase``, ``RolePass``, ``BatchKeys``) and ``StepRecord``; ``context``

@@ -87,10 +87,18 @@ class StepState:
     prompts: DataProto  # the step's prompts as the loader gave them (ReMax generates them again, greedily)
     update_actor: bool  # past the critic's warm-up (``critic.warmup_steps``), or no critic
     old_log_probs_from_update: bool  # this step's actor update gives the old log-probs (no separate pass)
+    policy_version: int  # the trainer's policy version: the actor updates before this step (``updates_before``)
 
     @classmethod
     def begin(cls, ctx: PhaseContext, prompts: DataProto, step: int) -> "StepState":
         """The state of step ``step`` on ``prompts`` under ``ctx``'s plan."""
         update_actor = step > ctx.config.critic.warmup_steps or not ctx.plan.use_critic
-        return cls(step, prompts, update_actor, ctx.plan.old_log_probs_from_update and update_actor)
+        return cls(step, prompts, update_actor, ctx.plan.old_log_probs_from_update and update_actor,
+                   updates_before(ctx, step))
+
+
+def updates_before(ctx: PhaseContext, step: int) -> int:
+    """The actor updates of the steps before step ``step`` (a critic's warm-up steps update no actor)."""
+    warmup = ctx.config.critic.warmup_steps if ctx.plan.use_critic else 0
+    return max(0, step - 1 - warmup)
 

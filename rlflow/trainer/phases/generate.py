@@ -6,12 +6,33 @@ import torch
 
 from rlflow.meta_info import GLOBAL_STEP, METRICS, TEMPERATURE, VALIDATE
 from rlflow.protocol import DataProto, DataProtoFuture
+from rlflow.rollout.agent.runner import VERSIONS_COLUMN
 from rlflow.trainer.batch_balance import balance_batch
 from rlflow.trainer.phases.base import BatchKeys, Phase, RolePass
 from rlflow.trainer.phases.columns import ROLLOUT_COLUMNS, ROLLOUT_LOG_PROBS
 from rlflow.trainer.phases.context import PhaseContext, StepState
 
-__all__ = ["Balance", "Generate", "GreedyBaselines", "SentGenerate"]
+__all__ = ["Balance", "Generate", "GreedyBaselines", "SentGenerate", "staleness_metrics", "token_version_metrics"]
+
+
+def staleness_metrics(trainer_version: int, sample_versions: list[int]) -> dict[str, float]:
+    """``async/*``: the oldest sampling version among a step's samples and how many versions the samples are
+    behind the trainer (each sample counts its oldest token)."""
+    behind = [trainer_version - version for version in sample_versions]
+    return {"async/policy_version": min(sample_versions), "async/staleness/mean": sum(behind) / len(behind),
+            "async/staleness/max": max(behind)}
+
+
+def token_version_metrics(trainer_version: int, versions: torch.Tensor) -> dict[str, float]:
+    """``staleness_metrics`` of a ``rollout_versions`` column (each sample counts its oldest token), and
+    ``async/partial_samples``: the share of samples whose tokens came from more than one version (resumed after
+    a weight sync)."""
+    sampled = versions >= 0
+    rows = sampled.any(dim=-1)
+    oldest = torch.where(sampled, versions, torch.iinfo(versions.dtype).max).min(dim=-1).values[rows]
+    newest = torch.where(sampled, versions, -1).max(dim=-1).values[rows]
+    return {**staleness_metrics(trainer_version, oldest.tolist()),
+            "async/partial_samples": float((newest > oldest).float().mean())}
 
 
 class Generate(RolePass):
@@ -21,7 +42,9 @@ class Generate(RolePass):
     loader's non-tensor columns); its output is the step's batch, whose ``meta_info`` carries
     ``TEMPERATURE`` (the log-prob passes use the sampling temperature) and ``GLOBAL_STEP``. With
     ``rollout.calculate_log_probs`` it also holds ``rollout_log_probs``. ``start`` sends the request
-    without waiting (the one-step-off loop sends the next step's while this one trains).
+    without waiting (the one-step-off loop sends the next step's while this one trains). A rollout whose weights
+    changed during the generation (partial rollouts) says which version sampled each token (``rollout_versions``):
+    its metrics then include how stale the samples are (``token_version_metrics``).
     """
 
     name = "generate"
@@ -43,6 +66,8 @@ class Generate(RolePass):
     def finish(ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
         """The rollout's output as the step's batch: its metrics, the sampling temperature and the step in ``meta_info``."""
         metrics = METRICS.pop(batch.meta_info)
+        if VERSIONS_COLUMN in batch.batch:
+            metrics.update(token_version_metrics(state.policy_version, batch.batch[VERSIONS_COLUMN]))
         batch.meta_info = {TEMPERATURE.name: ctx.config.rollout.temperature, GLOBAL_STEP.name: state.step,
                            METRICS.name: metrics}
         return batch

@@ -14,13 +14,13 @@ from typing import Optional
 
 from rlflow.protocol import DataProto, DataProtoFuture
 from rlflow.trainer.phases.advantages import Advantages
-from rlflow.trainer.phases.base import StepRecord
+from rlflow.trainer.phases.base import Phase, StepRecord
 from rlflow.trainer.phases.context import PhaseContext, StepState
 from rlflow.trainer.phases.forward_passes import forward_passes
 from rlflow.trainer.phases.generate import Balance, Generate, GreedyBaselines, SentGenerate
 from rlflow.trainer.phases.rollout_correction import RolloutCorrection
 from rlflow.trainer.phases.scoring import Score
-from rlflow.trainer.phases.sync import RolloutSleep, WeightSync
+from rlflow.trainer.phases.sync import WEIGHT_SYNC, RolloutSleep
 from rlflow.trainer.phases.updates import ActorUpdate, CriticUpdate
 from rlflow.trainer.ppo_metrics import step_end_metrics
 
@@ -28,12 +28,13 @@ __all__ = ["run_step"]
 
 
 def run_step(ctx: PhaseContext, prompts: DataProto, step: int, sent: Optional[DataProtoFuture] = None,
-             publish: bool = True) -> dict[str, float]:
+             weight_sync: Optional[Phase] = WEIGHT_SYNC) -> dict[str, float]:
     """Step ``step`` on a batch of prompts; returns the step's metrics (``timing_s/<name>`` per timed block).
 
     ``sent``: this step's generation, already sent (``Generate.start``); the step waits for it instead of sending one.
-    ``publish`` false: the update's weights stay with the trainer (``fully_async`` publishes every
-    ``trigger_parameter_sync_step`` updates).
+    ``weight_sync``: how the update's weights reach the rollout (``WEIGHT_SYNC``: after the calls sent before it;
+    ``LiveWeightSync``: beside a generation in progress); None: they stay with the trainer (``fully_async``
+    publishes every ``trigger_parameter_sync_step`` updates).
     """
     state, record = StepState.begin(ctx, prompts, step), StepRecord()
     with record.timed("step"):
@@ -59,9 +60,9 @@ def run_step(ctx: PhaseContext, prompts: DataProto, step: int, sent: Optional[Da
         if state.update_actor:
             with record.timed("update_actor"):
                 record.add(ActorUpdate(), ctx, batch, state)
-            if publish:
+            if weight_sync is not None:
                 with record.timed("weight_sync"):
-                    record.add(WeightSync(), ctx, batch, state)
+                    record.add(weight_sync, ctx, batch, state)
     uncorrected = ctx.plan.rollout_correction is None  # else the phase or the bypass loss reported rollout_corr/*
     return {**record.metrics, **step_end_metrics(batch, record.timings, ctx.plan.use_critic, ctx.plan.world_size, step,
                                                  with_rollout_log_prob_metrics=uncorrected)}

@@ -7,7 +7,7 @@ from rlflow.protocol import DataProto
 from rlflow.trainer.phases.base import Phase
 from rlflow.trainer.phases.context import PhaseContext, StepState
 
-__all__ = ["RolloutSleep", "WeightSync"]
+__all__ = ["LiveWeightSync", "RolloutSleep", "WEIGHT_SYNC", "WeightSync"]
 
 
 class RolloutSleep(Phase):
@@ -27,4 +27,21 @@ class WeightSync(Phase):
     name = "weight_sync"
 
     def run(self, ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
-        return DataProto(meta_info={METRICS.name: ctx.roles.sync_weights(ctx.config.rollout)})
+        version = state.policy_version + 1  # this step's update made it
+        return DataProto(meta_info={METRICS.name: ctx.roles.sync_weights(ctx.config.rollout, version)})
+
+
+WEIGHT_SYNC = WeightSync()
+
+
+class LiveWeightSync(Phase):
+    """Partial rollouts: the actor's weights into the rollout replicas while they generate, as policy ``version``
+    (``PlacedRoles.sync_weights_live``: their requests in flight resume from their tokens with the new weights)."""
+
+    name = "weight_sync"
+
+    def __init__(self, version: int):
+        self.version = version
+
+    def run(self, ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
+        return DataProto(meta_info={METRICS.name: ctx.roles.sync_weights_live(ctx.config.rollout, self.version)})
