@@ -4,11 +4,12 @@ In ``fully_async`` training with partial rollouts, a weight sync reaches a rollo
 thread (``@register(concurrent=True)``) while a generation call is being served on the first. The
 generation thread serves each call inside ``serving(server, min_version)``: it waits for the weights of
 ``min_version`` (a sync sent before the call may run after it starts, being on the other thread), then
-registers its ``RequestServer``. ``change(version, load)`` parks the registered server between two engine
-steps (``RequestServer.pause``: its requests in flight are aborted, to be resumed from their sampled tokens),
-runs ``load``, and resumes the server at ``version``. With nothing being served it just loads. Any other use of the engine (a batched
-generation, an in-order weight sync) runs inside ``exclusive()``, which a change waits for, so the engine is
-never used by both threads.
+registers its ``RequestServer``. ``change(version, install)`` parks the registered server between two
+engine steps (``RequestServer.pause``: its requests in flight are aborted, to be resumed from their sampled
+tokens), runs ``install`` (which puts the new weights in the engine), and resumes the server at
+``version``; with nothing being served it just installs. Any other use of the engine (a batched
+generation, an in-order weight sync) runs inside ``exclusive()``, which a change waits for, so the
+engine is never used by both threads.
 """
 
 from __future__ import annotations
@@ -52,14 +53,15 @@ class LiveWeights:
         with self._changed:
             yield
 
-    def change(self, version: int, load: Callable[[], T]) -> T:
-        """Second thread: load new weights (``load``) as policy ``version``, parking the server in use meanwhile."""
+    def change(self, version: int, install: Callable[[], T]) -> T:
+        """Second thread: put new weights in the engine (``install``) as policy ``version``, parking the server in use
+        meanwhile."""
         with self._changed:
             server = self._server
             if server is not None:
                 server.pause()
             try:
-                result = load()
+                result = install()
                 self.version = version
             finally:
                 if server is not None:
