@@ -45,7 +45,7 @@ class SentCall:
 
 
 class AsyncProducer:
-    """Sends the generation calls of the steps in ``last``'s range that the staleness bound admits (``fill``)."""
+    """Sends the generation calls of steps ``first`` to ``last``, each as soon as the staleness bound admits it (``fill``)."""
 
     def __init__(self, ctx: PhaseContext, draw: Callable[[], Any], first: int, last: int):
         section = ctx.config.async_training
