@@ -29,9 +29,26 @@ from rlflow.trainer.phases.context import updates_before
 from rlflow.trainer.phases.generate import Generate
 from rlflow.workers.metrics import reduce_metrics
 
-__all__ = ["AsyncProducer", "SentCall", "joined"]
+__all__ = ["AsyncProducer", "Pipeline", "SentCall", "joined"]
 
 CALL_METRICS_REDUCE = {"timing_s/generate": "sum", "rollout/generated_tokens": "sum"}  # calls run one after another
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """How far generation runs ahead: the staleness bound, actor updates between weight publications, generation
+    calls per step, and whether syncs reach the rollout mid-generation (partial rollouts)."""
+
+    bound: int
+    trigger: int = 1
+    calls_per_step: int = 1
+    partial: bool = False
+
+    @classmethod
+    def from_config(cls, section: Any) -> "Pipeline":
+        """``fully_async``'s pipeline from the ``async_training`` section."""
+        return cls(section.staleness_threshold, section.trigger_parameter_sync_step, section.require_batches,
+                   section.partial_rollout)
 
 
 @dataclass(frozen=True)
@@ -47,11 +64,9 @@ class SentCall:
 class AsyncProducer:
     """Sends the generation calls of steps ``first`` to ``last``, each as soon as the staleness bound admits it (``fill``)."""
 
-    def __init__(self, ctx: PhaseContext, draw: Callable[[], Any], first: int, last: int):
-        section = ctx.config.async_training
+    def __init__(self, ctx: PhaseContext, draw: Callable[[], Any], first: int, last: int, pipeline: "Pipeline"):
         self.ctx, self.draw, self.last = ctx, draw, last
-        self.bound, self.calls_per_step, self.partial = section.staleness_threshold, section.require_batches, \
-            section.partial_rollout
+        self.bound, self.calls_per_step, self.partial = pipeline.bound, pipeline.calls_per_step, pipeline.partial
         self.next_step = first
         self.published = updates_before(ctx, first)  # the rollout holds the weights the first step starts from
         self.sent: deque[SentCall] = deque()

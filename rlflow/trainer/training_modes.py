@@ -9,7 +9,8 @@ generation and before step k+2's, and a validation after step k sees step k's we
 
 ``fully_async`` sends the generation calls of as many next steps as ``async_training.staleness_threshold``
 allows (``async_producer.AsyncProducer``) and publishes the trainer's weights every
-``trigger_parameter_sync_step`` updates; with a bound of 0 it runs as ``sync`` does, with 1 as ``one_step_off``.
+``trigger_parameter_sync_step`` updates; with a bound of 0 it runs as ``sync`` does. ``one_step_off`` is
+the same pipeline at a bound of 1 (``Pipeline(bound=1)``), whatever the ``fully_async`` keys say.
 
 A mode yields one ``TrainedStep`` per step with the loader position a checkpoint of that step must
 record: in an asynchronous mode the loader has already given later batches, which a resume must give
@@ -25,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from rlflow.config import ConfigError
-from rlflow.protocol import DataProto, DataProtoFuture
+from rlflow.protocol import DataProto
 from rlflow.trainer.phases import PhaseContext, StepState, run_step
-from rlflow.trainer.async_producer import AsyncProducer, joined
+from rlflow.trainer.async_producer import AsyncProducer, Pipeline, joined
 from rlflow.trainer.phases.context import updates_before
-from rlflow.trainer.phases.generate import Generate, staleness_metrics
-from rlflow.trainer.phases.sync import WEIGHT_SYNC, LiveWeightSync
+from rlflow.trainer.phases.generate import staleness_metrics
+from rlflow.trainer.phases.sync import LIVE_WEIGHT_SYNC, WEIGHT_SYNC
 from rlflow.utils.registry import Registry
 
 __all__ = ["BatchSource", "TRAINING_MODE_REGISTRY", "TrainedStep"]
@@ -84,44 +85,23 @@ def sync_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> Iterator
         yield TrainedStep(step, {**metrics, "training/epoch": drawn.epoch}, drawn.loader_state)
 
 
-@dataclass(frozen=True)
-class _SentBatch:
-    """A drawn batch whose generation was sent, and the policy version (actor updates) that samples it."""
-
-    drawn: DrawnBatch
-    generation: DataProtoFuture
-    version: int
-
-
-def _send(ctx: PhaseContext, source: BatchSource, step: int, version: int) -> _SentBatch:
-    """Draw step ``step``'s batch and send its generation (seeded by ``step``, as the sync run seeds it)."""
-    drawn = source.draw()
-    return _SentBatch(drawn, Generate().start(ctx, drawn.prompts, StepState.begin(ctx, drawn.prompts, step)), version)
-
-
 @TRAINING_MODE_REGISTRY.register("one_step_off")
 def one_step_off_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> Iterator[TrainedStep]:
-    """Send step k+1's generation, then train step k on the samples sent one step earlier."""
-    if not steps:
-        return
-    current = _send(ctx, source, steps[0], updates_before(ctx, steps[0]))
-    for step in steps:
-        # sent before this step's update: sampled by the weights of the last sync
-        ahead = _send(ctx, source, step + 1, updates_before(ctx, step)) if step != steps[-1] else None
-        metrics = run_step(ctx, current.drawn.prompts, step, current.generation)
-        metrics.update({"training/epoch": current.drawn.epoch,
-                        **staleness_metrics(updates_before(ctx, step), [current.version])})
-        yield TrainedStep(step, metrics, current.drawn.loader_state)
-        current = ahead
+    """Send step k+1's generation, then train step k on the samples sent one step earlier: a pipeline one
+    version deep, with a weight sync after every update."""
+    return _pipelined_steps(ctx, source, steps, Pipeline(bound=1))
 
 
 @TRAINING_MODE_REGISTRY.register("fully_async")
 def fully_async_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> Iterator[TrainedStep]:
     """Keep the rollout generating the next steps' samples within the staleness bound while each step trains."""
+    return _pipelined_steps(ctx, source, steps, Pipeline.from_config(ctx.config.async_training))
+
+
+def _pipelined_steps(ctx: PhaseContext, source: BatchSource, steps: range, pipeline: Pipeline) -> Iterator[TrainedStep]:
     if not steps:
         return
-    producer = AsyncProducer(ctx, source.draw, steps[0], steps[-1])
-    trigger, partial = ctx.config.async_training.trigger_parameter_sync_step, ctx.config.async_training.partial_rollout
+    producer = AsyncProducer(ctx, source.draw, steps[0], steps[-1], pipeline)
     last_yield = time.perf_counter()
     for step in steps:
         producer.fill()
@@ -129,8 +109,8 @@ def fully_async_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> I
         calls = producer.take(step)
         drawn, version = calls[0].drawn, updates_before(ctx, step)
         updates = StepState.begin(ctx, drawn.prompts, step).update_actor
-        publish = updates and ((version + 1) % trigger == 0 or step == steps[-1])
-        weight_sync = (LiveWeightSync(version + 1) if partial else WEIGHT_SYNC) if publish else None
+        publish = updates and ((version + 1) % pipeline.trigger == 0 or step == steps[-1])
+        weight_sync = (LIVE_WEIGHT_SYNC if pipeline.partial else WEIGHT_SYNC) if publish else None
         metrics = run_step(ctx, drawn.prompts, step, joined(calls), weight_sync)
         if publish:
             producer.published = version + 1
@@ -139,7 +119,7 @@ def fully_async_steps(ctx: PhaseContext, source: BatchSource, steps: range) -> I
         metrics.update({"training/epoch": drawn.epoch, "async/queue_depth": queued,
                         "async/trainer_idle_fraction": metrics["timing_s/gen"] / wall,
                         "async/rollout_idle_fraction": max(0.0, 1.0 - generating / wall)})
-        if not partial:  # else each token's version came back with the samples (Generate's metrics)
+        if not pipeline.partial:  # else each token's version came back with the samples (Generate's metrics)
             metrics.update(staleness_metrics(version, [call.version for call in calls]))
         yield TrainedStep(step, metrics, drawn.loader_state)
         last_yield = time.perf_counter()

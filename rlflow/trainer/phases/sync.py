@@ -7,7 +7,7 @@ from rlflow.protocol import DataProto
 from rlflow.trainer.phases.base import Phase
 from rlflow.trainer.phases.context import PhaseContext, StepState
 
-__all__ = ["LiveWeightSync", "RolloutSleep", "WEIGHT_SYNC", "WeightSync"]
+__all__ = ["LIVE_WEIGHT_SYNC", "LiveWeightSync", "RolloutSleep", "WEIGHT_SYNC", "WeightSync"]
 
 
 class RolloutSleep(Phase):
@@ -35,13 +35,14 @@ WEIGHT_SYNC = WeightSync()
 
 
 class LiveWeightSync(Phase):
-    """Partial rollouts: the actor's weights into the rollout replicas while they generate, as policy ``version``
+    """Partial rollouts: the actor's weights into the rollout replicas while they generate
     (``PlacedRoles.sync_weights_live``: their requests in flight resume from their tokens with the new weights)."""
 
     name = "weight_sync"
 
-    def __init__(self, version: int):
-        self.version = version
-
     def run(self, ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
-        return DataProto(meta_info={METRICS.name: ctx.roles.sync_weights_live(ctx.config.rollout, self.version)})
+        version = state.policy_version + 1  # this step's update made it
+        return DataProto(meta_info={METRICS.name: ctx.roles.sync_weights_live(ctx.config.rollout, version)})
+
+
+LIVE_WEIGHT_SYNC = LiveWeightSync()
