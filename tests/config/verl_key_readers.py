@@ -80,7 +80,7 @@ CONSUMED_IN: dict[str, tuple[str, ...]] = {
     "async_training.partial_rollout": ("rlflow/trainer/async_producer.py",),
     "async_training.require_batches": ("rlflow/trainer/async_producer.py",),
     "async_training.staleness_threshold": ("rlflow/trainer/async_producer.py",),
-    "async_training.trigger_parameter_sync_step": ("rlflow/trainer/training_modes.py",),
+    "async_training.trigger_parameter_sync_step": ("rlflow/trainer/async_producer.py",),
     "critic.cliprange_value": ("rlflow/roles/losses.py",),
     "critic.loss_agg_mode": ("rlflow/roles/losses.py",),
     "critic.model.path": ("rlflow/trainer/placement.py", "critic"),
