@@ -17,6 +17,7 @@ fails on a bare-string ``meta_info`` key anywhere in ``rlflow/``.
 | ``old_log_probs_from_update`` | bool (False) | the actor-update phase | ``Actor.forward_backward``, the policy loss |
 | ``rollout_correction`` | dict (none) | the actor-update phase, in rollout correction's bypass mode | ``Actor.forward_backward``, the policy loss (it runs the ``bypass_mode`` loss) |
 | ``rollout_is_in_loss`` | dict (none) | the actor-update phase, when an on-policy update's loss computes rollout correction's IS weights | ``Actor.forward_backward``, the policy loss |
+| ``prompt_top_k`` | int (0) | the service | ``RolloutMethods.score_prompts`` (top-k tokens at each prompt position) |
 | ``mini_batch_size`` | int (required) | the critic-update phase | ``Critic.update_critic`` |
 | ``seed`` | int (0) | the critic-update phase | ``Critic.update_critic`` (mini-batch shuffle) |
 | ``metrics`` | dict ({}) | worker methods | dispatch (reduces them over ranks), the controller |
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, MutableMapping, TypeVar
 
 __all__ = ["MetaKey", "SCHEMA", "TEMPERATURE", "COMPUTE_ENTROPY", "GLOBAL_STEP", "VALIDATE", "SAMPLING",
-           "POLICY_VERSION", "OLD_LOG_PROBS_FROM_UPDATE", "ROLLOUT_CORRECTION", "ROLLOUT_IS_IN_LOSS", "MINI_BATCH_SIZE", "SEED", "METRICS",
+           "POLICY_VERSION", "OLD_LOG_PROBS_FROM_UPDATE", "ROLLOUT_CORRECTION", "ROLLOUT_IS_IN_LOSS", "PROMPT_TOP_K",
+           "MINI_BATCH_SIZE", "SEED", "METRICS",
            "LOSS_FN", "LOSS_FN_CONFIG", "FORWARD_ONLY"]
 
 T = TypeVar("T")
@@ -93,6 +95,7 @@ ROLLOUT_IS_IN_LOSS: MetaKey[Any] = MetaKey(
     "rollout_is_in_loss", _as_is, None,
     "an on-policy update's rollout_is and rollout_is_threshold (a plain dict); set, the policy loss weights each token "
     "by the IS weight of its detached log-prob against rollout_log_probs")
+PROMPT_TOP_K: MetaKey[int] = MetaKey("prompt_top_k", int, 0, "score_prompts: how many of the most likely tokens to return at each prompt position")
 MINI_BATCH_SIZE: MetaKey[int] = MetaKey("mini_batch_size", int, REQUIRED, "the global mini-batch size of a critic update, in sequences")
 SEED: MetaKey[int] = MetaKey("seed", int, 0, "the seed of a critic update's mini-batch shuffle")
 METRICS: MetaKey[dict] = MetaKey("metrics", dict, {}, "a worker method's metrics, reduced over ranks by its dispatch mode")
@@ -101,5 +104,5 @@ LOSS_FN_CONFIG: MetaKey[dict] = MetaKey("loss_fn_config", dict, {}, "the options
 FORWARD_ONLY: MetaKey[bool] = MetaKey("forward_only", bool, False, "the service's forward pass without gradients")
 
 SCHEMA: tuple[MetaKey[Any], ...] = (TEMPERATURE, COMPUTE_ENTROPY, GLOBAL_STEP, VALIDATE, SAMPLING, POLICY_VERSION,
-                                    OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, ROLLOUT_IS_IN_LOSS, MINI_BATCH_SIZE,
+                                    OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, ROLLOUT_IS_IN_LOSS, PROMPT_TOP_K, MINI_BATCH_SIZE,
                                     SEED, METRICS, LOSS_FN, LOSS_FN_CONFIG, FORWARD_ONLY)

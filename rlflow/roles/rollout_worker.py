@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlflow.engines import BaseEngine
-from rlflow.meta_info import METRICS, POLICY_VERSION, SAMPLING, VALIDATE
+from rlflow.meta_info import METRICS, POLICY_VERSION, PROMPT_TOP_K, SAMPLING, VALIDATE
 from rlflow.models.hf_checkpoint import resolve_dtype
 from rlflow.protocol import DataProto
 from rlflow.rollout import BaseRollout, build_rollout, stream_published_weights, syncs_adapters
 from rlflow.rollout.agent import generate_trajectories
 from rlflow.rollout.balance import DP_BALANCED_TOKENS
 from rlflow.rollout.live_weights import LiveWeights
+from rlflow.rollout.processing import prompt_token_lists
+from rlflow.rollout.prompt_scores import scores_batch
 from rlflow.rollout.request_server import RequestServer
 from rlflow.rollout.weight_sync import MiB
 from rlflow.workers import ONE_TO_ALL, Worker, register
@@ -86,6 +88,15 @@ class RolloutMethods:
             **agent_metrics,
         }
         return output
+
+    @register(dispatch_mode=DP_BALANCED_TOKENS, mesh=ROLLOUT_MESH)
+    def score_prompts(self, prompts: DataProto) -> DataProto:
+        """This replica's share of the (left-padded) ``prompts`` scored by its weights, ``PROMPT_TOP_K`` best tokens a
+        position: the ``rlflow.rollout.prompt_scores`` columns, aligned with ``input_ids``."""
+        top_k = PROMPT_TOP_K.read(prompts.meta_info)
+        with self._engine_to_itself():
+            scores = self.rollout.score_prompts([tuple(tokens) for tokens in prompt_token_lists(prompts)], top_k)
+        return scores_batch(prompts.batch["attention_mask"], scores, top_k)
 
     def _engine_to_itself(self) -> AbstractContextManager[None]:
         """Keep a live weight sync (``update_weights_live``) out while this thread uses the engine."""

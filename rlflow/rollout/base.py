@@ -31,6 +31,7 @@ from rlflow.rollout.processing import (
     fit_prompts,
     prompt_token_lists,
 )
+from rlflow.rollout.prompt_scores import PromptScores
 from rlflow.rollout.requests import Completion, GenerationRequest
 from rlflow.rollout.sampling import Sampling, check_logprobs_mode, request_seed, resolve_sampling
 from rlflow.rollout.weight_sync import CheckedWeightStream, NamedTensors, WeightSyncError, checkpoint_weight_names
@@ -169,6 +170,11 @@ class BaseRollout(ABC):
                 raise RuntimeError(f"the {self.config.name} rollout dropped requests {lost} without finishing them")
             done.update((request_id, c) for request_id, c in self.step() if request_id in requests)
         return done
+
+    def score_prompts(self, prompts: list[tuple[int, ...]], top_k: int = 0) -> list[PromptScores]:
+        """Each prompt's tokens scored by the model's own distribution (no sampling settings), with its ``top_k``
+        most likely tokens at each position (``rlflow.rollout.prompt_scores``). Runs while no request is queued."""
+        raise NotImplementedError(f"the {self.config.name} rollout does not score prompts")
 
     def check_weights(self) -> None:
         """Raise ``WeightSyncError`` while a failed sync has left the engine with mixed weights."""

@@ -27,6 +27,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 from rlflow.models.loading import load_causal_lm
 from rlflow.rollout.base import ROLLOUT_REGISTRY, BaseRollout, SeedKey
 from rlflow.rollout.processing import ResponseEnd
+from rlflow.rollout.prompt_scores import PromptScores, scores_from_logits
 from rlflow.rollout.requests import Completion, GenerationRequest
 from rlflow.rollout.sampling import Sampling, request_seed
 from rlflow.rollout.weight_sync import NamedTensors
@@ -167,6 +168,23 @@ class HFRollout(BaseRollout):
         scores = torch.stack(out.scores if out.scores is not None else out.logits, dim=1)
         token_log_probs = scores.float().log_softmax(dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
         return generated.cpu().tolist(), token_log_probs.cpu().tolist()
+
+    def score_prompts(self, prompts: list[tuple[int, ...]], top_k: int = 0) -> list[PromptScores]:
+        """One forward of the right-padded prompts, ``max_num_seqs`` at a time (``BaseRollout.score_prompts``)."""
+        self.check_weights()
+        scores: list[PromptScores] = []
+        for start in range(0, len(prompts), int(self.config.max_num_seqs)):
+            batch = prompts[start : start + int(self.config.max_num_seqs)]
+            width = max(len(prompt) for prompt in batch)
+            input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
+            attention_mask = torch.zeros_like(input_ids)
+            for row, prompt in enumerate(batch):
+                input_ids[row, : len(prompt)] = torch.as_tensor(prompt)
+                attention_mask[row, : len(prompt)] = 1
+            with torch.no_grad():
+                logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)).logits
+            scores += [scores_from_logits(prompt, logits[row, : len(prompt)], top_k) for row, prompt in enumerate(batch)]
+        return scores
 
     def _load_weights(self, named_tensors: NamedTensors) -> None:
         state = self.model.state_dict()

@@ -40,6 +40,7 @@ from rlflow.rollout import vllm_cpu_compat
 from rlflow.rollout.base import ROLLOUT_REGISTRY, BaseRollout
 from rlflow.rollout.kv_cache import kv_cache_bytes, vllm_start_budget
 from rlflow.rollout.lora_adapter import LocalAdapter, syncs_adapters
+from rlflow.rollout.prompt_scores import PromptScores
 from rlflow.rollout.requests import Completion, GenerationRequest
 from rlflow.rollout.sampling import request_seed
 from rlflow.rollout.vllm_log_filters import drop_expected_vllm_warnings
@@ -160,6 +161,27 @@ class VLLMRollout(BaseRollout):
                 finished.append((output.request_id, Completion(tuple(tokens), values, sample.finish_reason or "stop")))
         return finished
 
+    def score_prompts(self, prompts: list[tuple[int, ...]], top_k: int = 0) -> list[PromptScores]:
+        """vLLM's prompt log-probs (``SamplingParams.prompt_logprobs``, from the raw logits) of every prompt, one
+        token generated and dropped (``BaseRollout.score_prompts``)."""
+        from vllm import SamplingParams
+
+        self._require_awake("score prompts")
+        self.check_weights()
+        if self.has_unfinished():
+            raise RuntimeError("score_prompts runs between generations; requests are still in flight")
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k, detokenize=False)
+        lora_request = None if self._adapter is None else self._adapter.request
+        engine = self._llm.llm_engine
+        for index, prompt in enumerate(prompts):
+            engine.add_request(f"score-{index}", self._llm._preprocess_cmpl_one({"prompt_token_ids": list(prompt)}),
+                               params, lora_request=lora_request)
+        outputs: dict[str, Any] = {}
+        while engine.has_unfinished_requests():
+            outputs.update((output.request_id, output) for output in engine.step() if output.finished)
+        return [_prompt_scores(prompt, outputs[f"score-{index}"].prompt_logprobs, top_k)
+                for index, prompt in enumerate(prompts)]
+
     def abort(self, request_ids: Iterable[str]) -> None:
         """Abort on the engine (``LLMEngine.abort_request``)."""
         if self._llm is not None:
@@ -248,3 +270,16 @@ class VLLMRollout(BaseRollout):
             llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
+
+
+def _prompt_scores(prompt: tuple[int, ...], ranked: list[Optional[dict[int, Any]]], top_k: int) -> PromptScores:
+    """``PromptScores`` from vLLM's ``prompt_logprobs`` (per position: None first, then {token id: ``Logprob``}
+    holding the prompt's token and the ``top_k`` best, each with its rank)."""
+    positions = ranked[1:]
+    log_probs = tuple(position[token].logprob for position, token in zip(positions, prompt[1:]))
+    if top_k <= 0:
+        return PromptScores(log_probs)
+    best = [sorted((entry.rank, token, entry.logprob) for token, entry in position.items() if entry.rank <= top_k)[:top_k]
+            for position in positions]
+    return PromptScores(log_probs, tuple(tuple(token for _, token, _ in row) for row in best),
+                        tuple(tuple(value for _, _, value in row) for row in best))

@@ -174,9 +174,18 @@ class BaseModelHost:
     def sample(self, adapter_folder: Optional[str], prompts: DataProto) -> DataProto:
         """Generate for ``prompts`` (``SAMPLING`` set in its ``meta_info``) with the base model plus the saved
         adapters in ``adapter_folder`` (None: the base model alone)."""
+        self._hold_sampler(adapter_folder)
+        return self._role.generate_sequences(prompts)
+
+    def score_prompts(self, adapter_folder: Optional[str], prompts: DataProto) -> DataProto:
+        """Score ``prompts`` (``PROMPT_TOP_K`` in its ``meta_info``) with the weights ``sample`` would use: the
+        ``rlflow.rollout.prompt_scores`` columns."""
+        self._hold_sampler(adapter_folder)
+        return self._role.score_prompts(prompts)
+
+    def _hold_sampler(self, adapter_folder: Optional[str]) -> None:
         wanted = ("base", None) if adapter_folder is None else ("adapters", adapter_folder)
         if self.sampler != wanted:
             self.sampler = None  # a failed load leaves the replicas holding no known weights
             self._role.load_sampler(adapter_folder)
             self.sampler = wanted
-        return self._role.generate_sequences(prompts)

@@ -3,8 +3,10 @@
 ``sampling_params`` map onto the rollout's per-request sampling keys: ``max_tokens`` ->
 ``max_new_tokens``, ``temperature`` 0 -> greedy, ``top_k``/``top_p``/``seed`` as they are, and
 ``stop`` as text stops (strings) or stop token ids (integers). A sample ends at its first stop,
-which it includes, as at an EOS token. ``prompt_logprobs`` are not computed (the rollout returns
-the log-probs of sampled tokens only), so ``compute_logprobs`` is refused.
+which it includes, as at an EOS token. ``prompt_logprobs`` and ``topk_prompt_logprobs`` (``compute_logprobs``
+among them; ``prompt_logprobs_last_n`` scores a suffix) come from the sampler's replica scoring the prompt
+(``BaseRollout.score_prompts``: the model's own distribution, as the training forward's); top-k log-probs of the
+sampled tokens, alternative-token draws and target log-probs are refused.
 
 Requests with equal ``batch_key`` may run as one rollout call (``HostScheduler``): ``rollout_prompts``
 left-pads their prompts into one batch, and ``sample_outcomes`` hands each request its own rows.
@@ -19,13 +21,24 @@ from functools import cached_property
 from itertools import accumulate
 from typing import Any, Hashable, Optional
 
+import numpy as np
+
 from rlflow.errors import UserError
 from rlflow.meta_info import SAMPLING
 from rlflow.protocol import DataProto
 from rlflow.rollout.processing import left_pad
+from rlflow.rollout.prompt_scores import PROMPT_LOG_PROBS, PROMPT_TOPK_IDS, PROMPT_TOPK_LOG_PROBS
 from rlflow.service.catalogue import BaseModel
 from rlflow.service.futures import Payload
-from rlflow.service.wire import PROTOBUF, SampledSequence, encode_sample_response
+from rlflow.service.wire import PROTOBUF, TOPK_SENTINEL_LOGPROB, SampledSequence, TopkArrays, encode_sample_response
+
+
+MAX_PROMPT_TOP_K = 20  # vLLM's default max_logprobs
+UNSUPPORTED_OPTIONS = {  # asample options this server refuses, and why
+    "topk_sample_logprobs": "the rollout returns each sampled token's own log-prob only",
+    "prompt_alt_tokens_k": "alternative-token draws are not implemented",
+    "target_prompt_logprobs": "log-probs of chosen ids at prompt positions are not implemented; use topk_prompt_logprobs",
+}
 
 
 class SamplingRequestError(UserError, ValueError):
@@ -40,14 +53,16 @@ class SamplingRequest:
     prompt: list[int]
     num_samples: int
     params: dict[str, Any] = field(default_factory=dict)
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+    prompt_logprobs_last_n: Optional[int] = None
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> "SamplingRequest":
         """Read an ``asample`` JSON body; ``SamplingRequestError`` names what is wrong."""
-        if body.get("prompt_logprobs") or body.get("topk_prompt_logprobs") or body.get("topk_sample_logprobs") \
-                or body.get("prompt_alt_tokens_k"):
-            raise SamplingRequestError("prompt log-probs and top-k log-probs are not supported by this server "
-                                       "(compute_logprobs included); sampled tokens' log-probs always come back")
+        for key, why in UNSUPPORTED_OPTIONS.items():
+            if body.get(key):
+                raise SamplingRequestError(f"unsupported: {key} ({why})")
         chunks = (body.get("prompt") or {}).get("chunks") or []
         if any(chunk.get("type", "encoded_text") != "encoded_text" for chunk in chunks):
             raise SamplingRequestError("prompt chunks other than encoded_text (images) are not supported")
@@ -56,7 +71,14 @@ class SamplingRequest:
         if not prompt or num_samples < 1:
             raise SamplingRequestError(f"asample needs a non-empty prompt and num_samples >= 1 (got {len(prompt)} tokens, "
                                        f"{num_samples} samples)")
-        return cls(str(body.get("sampling_session_id")), prompt, num_samples, dict(body.get("sampling_params") or {}))
+        top_k, last_n = int(body.get("topk_prompt_logprobs") or 0), body.get("prompt_logprobs_last_n")
+        return cls(str(body.get("sampling_session_id")), prompt, num_samples, dict(body.get("sampling_params") or {}),
+                   bool(body.get("prompt_logprobs")), top_k, None if last_n is None else int(last_n))
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the response carries prompt log-probs or top-k prompt log-probs."""
+        return self.prompt_logprobs or self.topk_prompt_logprobs > 0
 
     @cached_property
     def rollout_sampling(self) -> dict[str, Any]:
@@ -79,20 +101,28 @@ class SamplingRequest:
 
     @cached_property
     def batch_key(self) -> Optional[Hashable]:
-        """What requests must share to run in one rollout call (their sampling, stops included); None with a seed."""
+        """What requests must share to run in one rollout call (their sampling, stops included); None with a seed or
+        prompt scoring (such a request runs alone)."""
         sampling = self.rollout_sampling
-        if sampling["seed"] is not None:
+        if sampling["seed"] is not None or self.scores_prompt:
             return None
         return tuple(sorted((key, tuple(value) if isinstance(value, list) else value) for key, value in sampling.items()))
 
     def check(self, max_seq_len: int) -> None:
-        """Refuse ``max_tokens`` < 1 and a prompt plus ``max_tokens`` over the context (``SamplingRequestError``)."""
+        """Refuse ``max_tokens`` < 1, a prompt plus ``max_tokens`` over the context, a top-k over ``MAX_PROMPT_TOP_K``
+        and a ``prompt_logprobs_last_n`` outside the prompt (``SamplingRequestError``)."""
         max_new_tokens = self.rollout_sampling["max_new_tokens"]
         if max_new_tokens < 1:
             raise SamplingRequestError("sampling_params.max_tokens must be >= 1")
         if len(self.prompt) + max_new_tokens > max_seq_len:
             raise SamplingRequestError(f"the prompt's {len(self.prompt)} tokens plus max_tokens={max_new_tokens} "
                                        f"exceed the model's context of {max_seq_len} tokens")
+        if not 0 <= self.topk_prompt_logprobs <= MAX_PROMPT_TOP_K:
+            raise SamplingRequestError(f"topk_prompt_logprobs must be 0..{MAX_PROMPT_TOP_K}, got {self.topk_prompt_logprobs}")
+        last_n = self.prompt_logprobs_last_n
+        if last_n is not None and not (self.scores_prompt and 1 <= last_n <= len(self.prompt) - 1):
+            raise SamplingRequestError(f"prompt_logprobs_last_n={last_n} needs prompt_logprobs or topk_prompt_logprobs and "
+                                       f"must be 1..{len(self.prompt) - 1} (the prompt's length - 1)")
 
 
 def rollout_prompts(requests: list[SamplingRequest], pad_token_id: int) -> DataProto:
@@ -117,9 +147,10 @@ def sample_outcomes(output: DataProto, requests: list[SamplingRequest], base: Ba
             for start, count, request in zip(starts, counts, requests)]
 
 
-def sample_outcome(output: DataProto, request: SamplingRequest, base: BaseModel) -> Payload:
+def sample_outcome(output: DataProto, request: SamplingRequest, base: BaseModel, scores: Optional[DataProto] = None) -> Payload:
     """The ``SampleResponse`` of ``request``'s rows of the rollout's output (a sample stopped if it ended on an end
-    token or before ``max_tokens``)."""
+    token or before ``max_tokens``), with the prompt's scores when it asked for them (``scores``: the replica's
+    ``rlflow.rollout.prompt_scores`` columns of ``rollout_prompts([request])``)."""
     sampling = request.rollout_sampling
     end_ids = base.end_token_ids | set(sampling["stop_token_ids"])
     sequences = []
@@ -129,4 +160,23 @@ def sample_outcome(output: DataProto, request: SamplingRequest, base: BaseModel)
         logprobs = output.batch["rollout_log_probs"][row][keep].tolist()
         stopped = len(tokens) < sampling["max_new_tokens"] or bool(tokens and tokens[-1] in end_ids)
         sequences.append(SampledSequence(tokens, logprobs, stopped))
-    return PROTOBUF, encode_sample_response(sequences)
+    if scores is None:
+        return PROTOBUF, encode_sample_response(sequences)
+    return PROTOBUF, encode_sample_response(sequences, *prompt_score_arrays(scores, request))
+
+
+def prompt_score_arrays(scores: DataProto, request: SamplingRequest) -> tuple[Optional[np.ndarray], Optional[TopkArrays]]:
+    """``request``'s prompt log-probs (NaN where unscored: the first token, and the tokens before
+    ``prompt_logprobs_last_n``) and its top-k ids and log-probs (the SDK's sentinel where unscored), each None when
+    not asked for, from the one-row ``scores`` of its prompt."""
+    log_probs = scores.batch[PROMPT_LOG_PROBS][0].numpy().astype(np.float32)
+    if request.prompt_logprobs_last_n is not None:
+        log_probs[: len(log_probs) - request.prompt_logprobs_last_n] = np.nan
+    top = None
+    if request.topk_prompt_logprobs > 0:
+        unscored = np.isnan(log_probs)
+        ids = scores.batch[PROMPT_TOPK_IDS][0].numpy().astype(np.int32)
+        values = scores.batch[PROMPT_TOPK_LOG_PROBS][0].numpy().astype(np.float32)
+        ids[unscored], values[unscored] = 0, TOPK_SENTINEL_LOGPROB
+        top = TopkArrays(ids, values)
+    return (log_probs if request.prompt_logprobs else None), top

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from rlflow.errors import UserError
-from rlflow.meta_info import FORWARD_ONLY, LOSS_FN, LOSS_FN_CONFIG
+from rlflow.meta_info import FORWARD_ONLY, LOSS_FN, LOSS_FN_CONFIG, PROMPT_TOP_K
 from rlflow.service.base_models import BaseModelHost, TrainingModel
 from rlflow.service.batches import training_batch
 from rlflow.service.catalogue import BaseModel, CheckpointFolders, LoraShape, UnknownModelError, find_base_model
 from rlflow.service.futures import FutureStore, Outcome, Payload
 from rlflow.service.scheduler import Job, JobBatch
 from rlflow.service.losses import loss_config
-from rlflow.service.sampling import SamplingRequest, rollout_prompts, sample_outcomes
+from rlflow.service.sampling import SamplingRequest, rollout_prompts, sample_outcome, sample_outcomes
 from rlflow.service.sequencer import RequestSequencer
 from rlflow.service.wire import PROTOBUF, ForwardBackwardCall, encode_forward_backward_output
 from rlflow.utils.logging import get_logger
@@ -280,11 +280,18 @@ class TinkerService:
             prompts = rollout_prompts(requests, base.pad_token_id)
             return sample_outcomes(sampler.host.sample(sampler.adapter_folder, prompts), requests, base)
 
+        def run_scored() -> Payload:  # a request with prompt log-probs runs alone (no batch key)
+            sampler.host.start()
+            prompts = rollout_prompts([request], base.pad_token_id)
+            samples = sampler.host.sample(sampler.adapter_folder, prompts)
+            prompts.meta_info = {PROMPT_TOP_K.name: request.topk_prompt_logprobs}
+            return sample_outcome(samples, request, base, sampler.host.score_prompts(sampler.adapter_folder, prompts))
+
         batch = None
         if request.batch_key is not None:
             batch = JobBatch((sampler.adapter_folder, request.batch_key), request, run_together)
         request_id = self._queue(sampler.host, f"asample (session {request.sampling_session_id})",
-                                 lambda: run_together([request])[0], batch=batch)
+                                 run_scored if request.scores_prompt else lambda: run_together([request])[0], batch=batch)
         return request_id, [f"{request_id}:{index}" for index in range(request.num_samples)]
 
     def shutdown(self) -> None:

@@ -18,6 +18,7 @@ from rlflow.errors import UserError
 from rlflow.service.batches import Datum
 
 PROTOBUF = "application/x-protobuf"
+TOPK_SENTINEL_LOGPROB = -99999.0  # tinker.types.topk_logprobs.MASK_LOGPROB: an unscored top-k position
 _NUMPY_DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 
 
@@ -119,8 +120,19 @@ class SampledSequence:
     stopped: bool
 
 
-def encode_sample_response(sequences: list[SampledSequence], prompt_logprobs: Optional[list[float]] = None) -> bytes:
-    """A ``SampleResponse``; ``prompt_logprobs`` (NaN first) only when the request asked for them."""
+@dataclass
+class TopkArrays:
+    """Top-k log-probs at each prompt position: ``ids`` (int32) and ``logprobs`` (float32), both ``[P, k]``, most
+    likely first; an unscored position holds the SDK's sentinel (id 0, log-prob ``TOPK_SENTINEL_LOGPROB``)."""
+
+    ids: np.ndarray
+    logprobs: np.ndarray
+
+
+def encode_sample_response(sequences: list[SampledSequence], prompt_logprobs: Optional[np.ndarray] = None,
+                           topk_prompt: Optional[TopkArrays] = None) -> bytes:
+    """A ``SampleResponse``; ``prompt_logprobs`` (``[P]``, NaN where unscored) and ``topk_prompt`` only when the
+    request asked for them."""
     response = pb.SampleResponse()
     for sequence in sequences:
         response.sequences.add(
@@ -129,5 +141,10 @@ def encode_sample_response(sequences: list[SampledSequence], prompt_logprobs: Op
             logprobs=_float_bytes(sequence.logprobs),
         )
     if prompt_logprobs is not None:
-        response.prompt_logprobs = _float_bytes(prompt_logprobs)
+        response.prompt_logprobs = np.asarray(prompt_logprobs, dtype="<f4").tobytes()
+    if topk_prompt is not None:
+        length, k = topk_prompt.ids.shape
+        response.topk_prompt_logprobs.CopyFrom(pb.TopkLogprobs(
+            token_ids=np.ascontiguousarray(topk_prompt.ids, dtype="<i4").tobytes(),
+            logprobs=np.ascontiguousarray(topk_prompt.logprobs, dtype="<f4").tobytes(), k=k, length=length))
     return response.SerializeToString()

@@ -165,6 +165,39 @@ def test_save_load_sample_round_trip_gives_identical_greedy_samples(services, en
     assert greedy(restored.save_weights_and_get_sampling_client().result(), prompts) == saved
 
 
+def test_compute_logprobs_and_top_k_prompt_logprobs_equal_the_training_forward(services, tiny_model):
+    """After training, the sampler's prompt log-probs (``compute_logprobs``, vLLM) equal the training client's
+    ``forward`` log-probs of the same tokens within 1e-5 (fp32); ``prompt_logprobs_last_n`` scores a suffix only;
+    top-k prompt log-probs are a peft-merged HF forward's."""
+    service, client = _client(services("fsdp2"))
+    tokenizer = client.get_tokenizer()
+    supervised_loop(client, sft_data(tokenizer), steps=3, lr=1e-2)
+    sampler = client.save_weights_and_get_sampling_client().result()
+    tokens = tokenizer.encode("25+30=55")
+    forward = client.forward(sft_data(tokenizer, ["25+30=55"]), "cross_entropy").result()
+    expected = np.asarray(forward.loss_fn_outputs[0]["logprobs"].tolist())
+
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+    assert scored[0] is None and len(scored) == len(tokens)
+    np.testing.assert_allclose(np.asarray(scored[1:]), expected, rtol=0, atol=1e-5)
+    suffix = sampler.compute_logprobs(types.ModelInput.from_ints(tokens), prompt_logprobs_last_n=2).result()
+    assert suffix[:-2] == [None] * (len(tokens) - 2)
+    np.testing.assert_allclose(np.asarray(suffix[-2:]), expected[-2:], rtol=0, atol=1e-5)
+
+    response = sampler.sample(types.ModelInput.from_ints(tokens), 1, types.SamplingParams(max_tokens=2),
+                              include_prompt_logprobs=True, topk_prompt_logprobs=3).result()
+    adapters = client.save_weights_for_sampler("topk").result().path
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32),
+                                      str(services("fsdp2").checkpoint_folder(adapters))).merge_and_unload()
+    with torch.no_grad():
+        reference = model(torch.tensor([tokens])).logits[0, :-1].log_softmax(-1).topk(3, dim=-1)
+    top = response.topk_prompt_logprobs
+    assert top[0] is None and [[token for token, _ in row] for row in top[1:]] == reference.indices.tolist()
+    np.testing.assert_allclose(np.asarray([[value for _, value in row] for row in top[1:]]),
+                               reference.values.numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(response.prompt_logprobs[1:]), expected, rtol=0, atol=1e-5)
+
+
 def test_samples_sent_at_once_run_batched_and_each_gets_the_hf_greedy_answer_to_its_own_prompt(services, demo):
     """Greedy requests with prompts of different lengths, sent without waiting, run left-padded together in a few
     rollout calls (``service.max_sample_batch``); each request's tokens are HF ``generate``'s for its prompt alone."""

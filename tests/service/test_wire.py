@@ -3,6 +3,7 @@ data here, and what the server writes decodes in the SDK to the same values."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
@@ -10,7 +11,9 @@ from tinker.proto.response_conv import deserialize_forward_backward_output, dese
 
 from rlflow.service.wire import (
     MalformedBodyError,
+    TOPK_SENTINEL_LOGPROB,
     SampledSequence,
+    TopkArrays,
     decode_forward_backward,
     encode_forward_backward_output,
     encode_sample_response,
@@ -46,6 +49,17 @@ def test_the_server_outputs_decode_in_the_sdk():
         [SampledSequence([3, 4, 2], [-0.5, -0.25, -1.0], stopped=True), SampledSequence([9], [-2.0], stopped=False)]))
     assert [(s.tokens, s.logprobs, s.stop_reason) for s in sample.sequences] == [
         ([3, 4, 2], [-0.5, -0.25, -1.0], "stop"), ([9], [-2.0], "length")]
+
+
+def test_prompt_logprobs_and_top_k_decode_in_the_sdk_with_unscored_positions_as_none():
+    ids = np.array([[0, 0], [5, 7], [2, 9]], dtype=np.int32)
+    values = np.array([[TOPK_SENTINEL_LOGPROB] * 2, [-0.1, -2.5], [-0.7, -0.9]], dtype=np.float32)
+    sample = deserialize_sample_response(encode_sample_response(
+        [SampledSequence([3], [-0.5], stopped=False)], np.array([np.nan, -0.25, -1.5]), TopkArrays(ids, values)))
+    assert sample.prompt_logprobs == [None, -0.25, -1.5]
+    assert sample.topk_prompt_logprobs == [None, [(5, pytest.approx(-0.1)), (7, -2.5)], [(2, pytest.approx(-0.7)),
+                                                                                           (9, pytest.approx(-0.9))]]
+    assert deserialize_sample_response(encode_sample_response([])).prompt_logprobs is None
 
 
 @pytest.mark.parametrize("body,message", [
