@@ -1,6 +1,7 @@
 """The HTTP face of the service: the Tinker API routes (``/api/v1/...``) the ``tinker`` SDK calls.
 
-Every request needs an ``X-API-Key`` from ``service.api_keys`` (401 otherwise). A request the
+Every request needs an ``X-API-Key`` from ``service.api_keys`` (401 otherwise), and acts for that key's account
+(``rlflow.service.accounts``): another account's sessions, models, samplers, paths and futures are 404. A request the
 service refuses gets a 4xx with ``{"detail": <one line>}``: 404 for an unknown model, session or
 path, 400 for the rest (a malformed body, bad data, a sequence too long, a ``seq_id`` gap). No
 refusal is a 409 or 402, which the SDK would retry for minutes. An unexpected error is a 500
@@ -17,6 +18,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from rlflow.errors import UserError
+from rlflow.service.accounts import account_of_key
 from rlflow.service.catalogue import UnknownModelError
 from rlflow.service.futures import UnknownFutureError
 from rlflow.service.requests import load_weights_job, optim_step_job, save_sampler_job, save_weights_job
@@ -66,8 +68,10 @@ def build_app(service: TinkerService, api_keys: list[str]) -> FastAPI:
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Any) -> Response:
-        if request.headers.get("x-api-key") not in keys:
+        key = request.headers.get("x-api-key")
+        if key not in keys:
             return JSONResponse({"detail": "missing or unknown X-API-Key (the server's service.api_keys)"}, status_code=401)
+        request.state.account = account_of_key(key)
         try:
             return await call_next(request)
         except UserError as error:
@@ -87,8 +91,8 @@ def build_app(service: TinkerService, api_keys: list[str]) -> FastAPI:
         return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
 
     @app.post(f"{API}/create_session")
-    async def create_session() -> dict:
-        return {"type": "create_session", "session_id": service.create_session()}
+    async def create_session(request: Request) -> dict:
+        return {"type": "create_session", "session_id": service.create_session(request.state.account)}
 
     @app.post(f"{API}/session_heartbeat")
     async def heartbeat() -> dict:
@@ -115,82 +119,81 @@ def build_app(service: TinkerService, api_keys: list[str]) -> FastAPI:
     @app.post(f"{API}/create_model")
     async def create_model(request: Request) -> dict:
         body = await _json(request)
-        request_id, model_id = service.create_model(body)
+        request_id, model_id = service.create_model(body, request.state.account)
         return _future(request_id, model_id=model_id)
 
     @app.post(f"{API}/get_info")
     async def get_info(request: Request) -> dict:
-        return service.get_info(str((await _json(request)).get("model_id")))
+        return service.get_info(str((await _json(request)).get("model_id")), request.state.account)
 
     @app.post(f"{API}/forward_backward")
     async def forward_backward(request: Request) -> dict:
         call = decode_forward_backward(await request.body())
         label = "forward" if call.forward_only else "forward_backward"
-        request_id = await service.submit(call.model_id, call.seq_id, label, service.forward_backward_job(call),
-                                          accumulates=not call.forward_only)
+        request_id = await service.submit(call.model_id, request.state.account, call.seq_id, label,
+                                          service.forward_backward_job(call), accumulates=not call.forward_only)
         return _future(request_id, model_id=call.model_id)
 
     @app.post(f"{API}/optim_step")
     async def optim_step(request: Request) -> dict:
         body = await _json(request)
         model_id = str(body.get("model_id"))
-        request_id = await service.submit(model_id, body.get("seq_id"), "optim_step", optim_step_job(body), steps=True)
+        request_id = await service.submit(model_id, request.state.account, body.get("seq_id"), "optim_step",
+                                          optim_step_job(body), steps=True)
         return _future(request_id, model_id=model_id)
 
     @app.post(f"{API}/save_weights")
     async def save_weights(request: Request) -> dict:
         body = await _json(request)
         model_id = str(body.get("model_id"))
-        return _future(await service.submit(model_id, body.get("seq_id"), "save_state", save_weights_job(service, body)),
-                       model_id=model_id)
+        return _future(await service.submit(model_id, request.state.account, body.get("seq_id"), "save_state",
+                                            save_weights_job(service, body)), model_id=model_id)
 
     @app.post(f"{API}/load_weights")
     async def load_weights(request: Request) -> dict:
         body = await _json(request)
         if body.get("model_id") is None:  # create_training_client_from_state
-            return _future(service.create_model_from_state(body))
+            return _future(service.create_model_from_state(body, request.state.account))
         model_id = str(body["model_id"])
-        return _future(await service.submit(model_id, body.get("seq_id"), "load_state", load_weights_job(service, body)),
-                       model_id=model_id)
+        return _future(await service.submit(model_id, request.state.account, body.get("seq_id"), "load_state",
+                                            load_weights_job(service, body, request.state.account)), model_id=model_id)
 
     @app.post(f"{API}/save_weights_for_sampler")
     async def save_weights_for_sampler(request: Request) -> dict:
         body = await _json(request)
         model_id = str(body.get("model_id"))
         prepare = save_sampler_job(service, body)
-        return _future(await service.submit(model_id, body.get("seq_id"), "save_weights_for_sampler", prepare), model_id=model_id)
+        return _future(await service.submit(model_id, request.state.account, body.get("seq_id"), "save_weights_for_sampler",
+                                            prepare), model_id=model_id)
 
     @app.post(f"{API}/weights_info")
     async def weights_info(request: Request) -> dict:
         path = str((await _json(request)).get("tinker_path"))
         kind = "sampler_weights" if "/sampler_weights/" in path else "weights"
-        base_model, shape = service.folders.read_record(service.folders.resolve(path, kind)[0])
+        base_model, shape = service.folders.read_record(service.folders.resolve(path, kind, request.state.account)[0])
         return {"base_model": base_model, "is_lora": True, "lora_rank": shape.rank}
 
     # ---------------------------------------------------------------- sampling
     @app.post(f"{API}/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict:
-        body = await _json(request)
-        sampling_session_id = service.create_sampling_session(
-            str(body.get("session_id")), int(body.get("sampling_session_seq_id", 0)), body.get("model_path"),
-            body.get("base_model"))
+        sampling_session_id = service.create_sampling_session(await _json(request), request.state.account)
         return {"type": "create_sampling_session", "sampling_session_id": sampling_session_id}
 
     @app.get(f"{API}/samplers/{{sampling_session_id}}")
-    async def get_sampler(sampling_session_id: str) -> dict:
-        sampler = service.sampler(sampling_session_id)
+    async def get_sampler(sampling_session_id: str, request: Request) -> dict:
+        sampler = service.sampler(sampling_session_id, request.state.account)
         return {"sampler_id": sampling_session_id, "base_model": sampler.base_model, "model_path": sampler.model_path}
 
     @app.post(f"{API}/asample")
     async def asample(request: Request) -> dict:
-        request_id, sample_ids = service.sample(SamplingRequest.from_body(await _json(request)))
+        request_id, sample_ids = service.sample(SamplingRequest.from_body(await _json(request)), request.state.account)
         return _future(request_id, sample_sequence_ids=sample_ids)
 
     # ---------------------------------------------------------------- futures
     @app.post(f"{API}/retrieve_future")
     async def retrieve_future(request: Request) -> Response:
         request_id = str((await _json(request)).get("request_id"))
-        outcome = await service.retrieve(request_id)
+        outcome = await service.retrieve(request_id, request.state.account)
         if outcome is None:
             return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
         answer = outcome.as_json()

@@ -16,7 +16,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from rlflow.errors import UserError
 from rlflow.models.hf_checkpoint import require_model_folder
@@ -103,8 +103,9 @@ class CheckpointFolders:
     def folder(self, model_id: str, kind: str, name: str) -> Path:
         return self.model_dir(model_id) / kind / check_name(name)
 
-    def resolve(self, path: str, kind: str) -> tuple[str, Path]:
-        """``(model id, folder)`` of a ``tinker://<model id>/<kind>/<name>`` path; the folder must exist."""
+    def resolve(self, path: str, kind: str, account: str) -> tuple[str, Path]:
+        """``(model id, folder)`` of a ``tinker://<model id>/<kind>/<name>`` path of ``account``'s; the folder must
+        exist (another account's path does not, to this one: ``UnknownModelError``)."""
         parts = path.removeprefix(SCHEME).split("/") if path.startswith(SCHEME) else []
         if len(parts) != 3 or parts[1] not in KINDS:
             raise BadPathError(f"{path!r} is not a tinker://<model id>/<weights|sampler_weights>/<name> path")
@@ -112,16 +113,23 @@ class CheckpointFolders:
         if found_kind != kind:
             raise BadPathError(f"{path!r} holds {found_kind}, and this request needs {kind}")
         folder = self.folder(model_id, kind, name)
-        if not folder.is_dir():
+        if not folder.is_dir() or self.account_of(model_id) != account:
             raise UnknownModelError(f"{path!r} does not exist on this server")
         return model_id, folder
 
-    def write_record(self, model_id: str, base_model: str, shape: LoraShape) -> None:
-        """Record a training client's base model and LoRA shape (read back to load its checkpoints)."""
+    def write_record(self, model_id: str, base_model: str, shape: LoraShape, account: str) -> None:
+        """Record a training client's base model, LoRA shape and account (read back to load its checkpoints)."""
         folder = self.model_dir(model_id)
         folder.mkdir(parents=True, exist_ok=True)
-        record = {"model_id": model_id, "base_model": base_model, "rank": shape.rank, "parts": list(shape.parts)}
+        record = {"model_id": model_id, "base_model": base_model, "rank": shape.rank, "parts": list(shape.parts),
+                  "account": account}
         (folder / MODEL_RECORD).write_text(json.dumps(record))
+
+    def account_of(self, model_id: str) -> Optional[str]:
+        """The account that created training client ``model_id`` (None: no record, or one written before accounts)."""
+        file = self.model_dir(model_id) / MODEL_RECORD
+        record = read_json(file, FileFormatError, "training client record") if file.is_file() else None
+        return record.get("account") if isinstance(record, dict) else None
 
     def read_record(self, model_id: str) -> tuple[str, LoraShape]:
         """``(base model name, LoRA shape)`` of a training client this server created."""

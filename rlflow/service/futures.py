@@ -38,6 +38,7 @@ class Outcome:
 
 @dataclass
 class _Entry:
+    account: str
     done: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: Optional[Outcome] = None
     created: float = field(default_factory=time.monotonic)
@@ -61,11 +62,11 @@ class FutureStore:
         self._entries: dict[str, _Entry] = {}
         self._ids = itertools.count()
 
-    def create(self) -> str:
-        """A new pending request id."""
+    def create(self, account: str) -> str:
+        """A new pending request id, which only ``account`` may retrieve."""
         self._expire()
         request_id = f"req-{next(self._ids)}"
-        self._entries[request_id] = _Entry()
+        self._entries[request_id] = _Entry(account)
         return request_id
 
     def finish(self, request_id: str, outcome: Outcome) -> None:
@@ -75,10 +76,11 @@ class FutureStore:
             entry.outcome = outcome
             entry.done.set()
 
-    async def retrieve(self, request_id: str) -> Optional[Outcome]:
-        """The outcome, waiting up to ``poll_wait_s``; None if the request is still running."""
+    async def retrieve(self, request_id: str, account: str) -> Optional[Outcome]:
+        """The outcome, waiting up to ``poll_wait_s``; None if the request is still running. Another account's
+        request is unknown (``UnknownFutureError``)."""
         entry = self._entries.get(request_id)
-        if entry is None:
+        if entry is None or entry.account != account:
             raise UnknownFutureError(request_id)
         try:
             await asyncio.wait_for(entry.done.wait(), self.poll_wait_s)

@@ -51,12 +51,13 @@ def save_weights_job(service: TinkerService, body: dict[str, Any]) -> Prepare:
     return prepare
 
 
-def load_weights_job(service: TinkerService, body: dict[str, Any]) -> Prepare:
-    """``load_state``: replace the client's state with a saved one of the same base model and LoRA shape.
+def load_weights_job(service: TinkerService, body: dict[str, Any], account: str) -> Prepare:
+    """``load_state``: replace the client's state with a saved one of ``account``'s, of the same base model and LoRA
+    shape.
 
     The optimizer state is restored with the weights whether or not ``optimizer`` is set (docs/service.md)."""
     path = str(body.get("path"))
-    source_id, folder = service.folders.resolve(path, "weights")
+    source_id, folder = service.folders.resolve(path, "weights", account)
     source = service.folders.read_record(source_id)
 
     def prepare(client: Client) -> Callable[[], Payload]:
@@ -92,7 +93,8 @@ def save_sampler_job(service: TinkerService, body: dict[str, Any]) -> Prepare:
         result: dict[str, Any] = {"path": path, "type": "save_weights_for_sampler"}
         if seq is not None:  # the session is usable once this job has run, which is when the client learns its id
             result["sampling_session_id"] = f"{model_id.split(':train:')[0]}:sample:{int(seq)}"
-            service.samplers[result["sampling_session_id"]] = Sampler(client.host, str(folder), client.requested_base, path)
+            service.samplers[result["sampling_session_id"]] = Sampler(client.host, str(folder), client.requested_base, path,
+                                                                  client.account)
 
         def job() -> Payload:
             client.host.save_sampler(client.model, folder)

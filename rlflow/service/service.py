@@ -63,6 +63,7 @@ class Client:
     host: BaseModelHost
     sequencer: RequestSequencer
     requested_base: str  # the base model as the client named it (returned by get_info)
+    account: str  # rlflow.service.accounts
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Sampler:
     adapter_folder: Optional[str]
     base_model: str
     model_path: Optional[str]
+    account: str
 
 
 class TinkerService:
@@ -88,22 +90,40 @@ class TinkerService:
         self.hosts: dict[tuple[str, LoraShape], BaseModelHost] = {}
         self.clients: dict[str, Client] = {}
         self.samplers: dict[str, Sampler] = {}
+        self.sessions: dict[str, str] = {}  # session id -> its account
         self._session_ids = itertools.count()
         self.request_log = RequestLog(work_dir / REQUEST_LOG)
 
     # ------------------------------------------------------------------ sessions
-    def create_session(self) -> str:
-        return f"s{next(self._session_ids)}-{uuid.uuid4().hex[:8]}"
+    def create_session(self, account: str) -> str:
+        session_id = f"s{next(self._session_ids)}-{uuid.uuid4().hex[:8]}"
+        self.sessions[session_id] = account
+        return session_id
+
+    def _session(self, body: dict[str, Any], account: str) -> str:
+        """The body's ``session_id``, one of ``account``'s sessions (else ``UnknownModelError``)."""
+        session_id = body.get("session_id")
+        if not isinstance(session_id, str) or self.sessions.get(session_id) != account:
+            raise UnknownModelError(f"session {session_id!r} does not exist (create one with create_session)")
+        return session_id
+
+    def _new_model_id(self, body: dict[str, Any], account: str) -> str:
+        """``<session id>:train:<model_seq_id>``, the id the SDK expects (it builds it itself for a client from a
+        state), in one of ``account``'s sessions."""
+        session_id = self._session(body, account)
+        if not isinstance(body.get("model_seq_id", 0), int):
+            raise UserError("the request needs a model_seq_id (an integer)")
+        return f"{session_id}:train:{body.get('model_seq_id', 0)}"
 
     # ------------------------------------------------------------------ running requests
-    def _queue(self, host: BaseModelHost, label: str, job: Callable[[], Payload], owner: Optional[str] = None,
+    def _queue(self, host: BaseModelHost, label: str, job: Callable[[], Payload], account: str, owner: Optional[str] = None,
                seq_id: Optional[int] = None, accumulates: bool = False, steps: bool = False,
                batch: Optional[JobBatch] = None) -> str:
-        """Queue ``job`` on ``host`` (``owner``: the training client whose engine state it uses, None: the sampler
+        """Queue ``job`` on ``host`` for ``account`` (``owner``: the training client whose engine state it uses, None: the sampler
         only; ``HostScheduler`` orders it, and runs it with queued jobs of its ``batch`` key). Its result, or its
         error naming ``label``, fills a new future, and the request log gets a line when it ends (``batched``: the
         requests that ran in its call)."""
-        request_id = self.futures.create()
+        request_id = self.futures.create(account)
         entry = {"request_id": request_id, "label": label, "model_id": owner, "seq_id": seq_id, "queued": time.time()}
 
         def started(jobs_in_call: int) -> None:
@@ -128,9 +148,10 @@ class TinkerService:
         logger.error("%s failed", label, exc_info=error)
         return Outcome(error=f"{label} failed on the server: {type(error).__name__}: {error}", category="server")
 
-    async def retrieve(self, request_id: str) -> Optional[Outcome]:
-        """The outcome of ``request_id`` (long poll), None while it runs; ``UnknownFutureError`` if unknown."""
-        return await self.futures.retrieve(request_id)
+    async def retrieve(self, request_id: str, account: str) -> Optional[Outcome]:
+        """The outcome of ``request_id`` (long poll), None while it runs; ``UnknownFutureError`` if unknown to
+        ``account``."""
+        return await self.futures.retrieve(request_id, account)
 
     # ------------------------------------------------------------------ training clients
     def _host(self, base: BaseModel, shape: LoraShape) -> BaseModelHost:
@@ -156,25 +177,25 @@ class TinkerService:
             raise UserError(f"lora_config {lora_config}: rank must be >= 1 and at least one of {sorted(PART_FLAGS)} true")
         return LoraShape(rank, parts)
 
-    def create_model(self, body: dict[str, Any]) -> tuple[str, str]:
-        """Create a training client (``create_model``): its request id and model id."""
+    def create_model(self, body: dict[str, Any], account: str) -> tuple[str, str]:
+        """Create a training client (``create_model``) for ``account``: its request id and model id."""
+        model_id = self._new_model_id(body, account)
         base = find_base_model(self.catalogue, str(body.get("base_model")))
         shape = self._lora_shape(body.get("lora_config") or {})
-        model_id = _new_model_id(body)
-        return self._add_client(model_id, base, shape, str(body.get("base_model")), label=f"create_model {model_id}",
+        return self._add_client(model_id, base, shape, str(body.get("base_model")), account, label=f"create_model {model_id}",
                                 then=None, result={"model_id": model_id, "type": "create_model"}), model_id
 
-    def create_model_from_state(self, body: dict[str, Any]) -> str:
-        """``load_weights`` without a model id: a new training client starting from a saved state."""
-        source_id, folder = self.folders.resolve(str(body.get("path")), "weights")
+    def create_model_from_state(self, body: dict[str, Any], account: str) -> str:
+        """``load_weights`` without a model id: a new training client of ``account`` starting from a saved state."""
+        model_id = self._new_model_id(body, account)
+        source_id, folder = self.folders.resolve(str(body.get("path")), "weights", account)
         base_name, shape = self.folders.read_record(source_id)
         base = find_base_model(self.catalogue, base_name)
-        model_id = _new_model_id(body)
-        return self._add_client(model_id, base, shape, base_name, label=f"load_weights {model_id}",
+        return self._add_client(model_id, base, shape, base_name, account, label=f"load_weights {model_id}",
                                 then=lambda host, model: host.load_state(model, folder),
                                 result={"model_id": model_id, "path": str(body.get("path")), "type": "load_weights"})
 
-    def _add_client(self, model_id: str, base: BaseModel, shape: LoraShape, requested: str, label: str,
+    def _add_client(self, model_id: str, base: BaseModel, shape: LoraShape, requested: str, account: str, label: str,
                     then: Optional[Callable[[BaseModelHost, TrainingModel], None]], result: Payload) -> str:
         """Register a training client (its requests start at seq_id 1) and queue its start: the host's workers,
         then ``then`` (a state to load); the future's result is ``result``."""
@@ -182,9 +203,9 @@ class TinkerService:
             raise UserError(f"model id {model_id!r} exists already (model_seq_id reused in this session)")
         host = self._host(base, shape)
         model = TrainingModel(model_id, base.name, shape, self.folders.model_dir(model_id) / "active_state")
-        self.folders.write_record(model_id, base.name, shape)
+        self.folders.write_record(model_id, base.name, shape, account)
         sequencer = RequestSequencer(model_id, first_seq_id=1, gap_wait_s=float(self.config.service.seq_gap_wait_s))
-        self.clients[model_id] = Client(model, host, sequencer, requested)
+        self.clients[model_id] = Client(model, host, sequencer, requested, account)
 
         def job() -> Payload:
             host.start()
@@ -192,22 +213,23 @@ class TinkerService:
                 then(host, model)
             return result
 
-        return self._queue(host, label, job, owner=model_id if then is not None else None)
+        return self._queue(host, label, job, account, owner=model_id if then is not None else None)
 
-    def client(self, model_id: str) -> Client:
+    def client(self, model_id: str, account: str) -> Client:
+        """``account``'s training client ``model_id`` (another account's does not exist to it)."""
         client = self.clients.get(model_id)
-        if client is None:
+        if client is None or client.account != account:
             raise UnknownModelError(f"model {model_id!r} does not exist (create it with create_lora_training_client)")
         return client
 
-    def get_info(self, model_id: str) -> dict[str, Any]:
-        client = self.client(model_id)
+    def get_info(self, model_id: str, account: str) -> dict[str, Any]:
+        client = self.client(model_id, account)
         base = self.catalogue[client.model.base_model]
         return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": client.model.shape.rank,
                 "model_name": client.requested_base,
                 "model_data": {"arch": "causal_lm", "model_name": client.requested_base, "tokenizer_id": str(base.path)}}
 
-    async def submit(self, model_id: str, seq_id: Optional[int], label: str,
+    async def submit(self, model_id: str, account: str, seq_id: Optional[int], label: str,
                      prepare: Callable[[Client], Callable[[], Payload]], accumulates: bool = False, steps: bool = False) -> str:
         """Admit a training client's request in ``seq_id`` order and queue the job ``prepare(client)`` returns
         (``accumulates``: it leaves gradients in the engine; ``steps``: it uses them up; see ``HostScheduler``).
@@ -215,7 +237,7 @@ class TinkerService:
         ``prepare`` checks the request (raising ``UserError``, answered 4xx) and returns the job; a refused
         request still takes its turn, so the client's next one is not held up waiting for it.
         """
-        client = self.client(model_id)
+        client = self.client(model_id, account)
         earlier = client.sequencer.earlier_request(seq_id)
         if earlier is not None:
             return earlier
@@ -223,7 +245,7 @@ class TinkerService:
         request_id = None
         try:
             request_id = self._queue(client.host, f"{label} (model {model_id}, seq_id {seq_id})", prepare(client),
-                                     model_id, seq_id, accumulates, steps)
+                                     account, model_id, seq_id, accumulates, steps)
             return request_id
         finally:
             await client.sequencer.release(seq_id, request_id)
@@ -243,35 +265,37 @@ class TinkerService:
 
         return prepare
 
-    def sampler(self, sampling_session_id: str) -> Sampler:
+    def sampler(self, sampling_session_id: str, account: str) -> Sampler:
+        """``account``'s sampling session (another account's does not exist to it)."""
         sampler = self.samplers.get(sampling_session_id)
-        if sampler is None:
+        if sampler is None or sampler.account != account:
             raise UnknownModelError(f"sampling session {sampling_session_id!r} does not exist")
         return sampler
 
-    def create_sampling_session(self, session_id: str, seq: int, model_path: Optional[str],
-                                base_model: Optional[str]) -> str:
-        """A sampling session over the saved adapters at ``model_path``, or over ``base_model`` alone."""
+    def create_sampling_session(self, body: dict[str, Any], account: str) -> str:
+        """A sampling session of ``account`` over the saved adapters at ``model_path``, or over ``base_model`` alone."""
+        session_id = self._session(body, account)
+        seq, model_path, base_model = int(body.get("sampling_session_seq_id", 0)), body.get("model_path"), body.get("base_model")
         if model_path:
-            source_id, folder = self.folders.resolve(model_path, "sampler_weights")
+            source_id, folder = self.folders.resolve(str(model_path), "sampler_weights", account)
             base_name, shape = self.folders.read_record(source_id)
             base = find_base_model(self.catalogue, base_name)
-            sampler = Sampler(self._host(base, shape), str(folder), base_model or base_name, model_path)
+            sampler = Sampler(self._host(base, shape), str(folder), base_model or base_name, model_path, account)
         else:
             base = find_base_model(self.catalogue, str(base_model))
             # any live group of the base model samples it (its rollout loads the base weights); with none, one is
             # started with the smallest LoRA shape, which a later training client of that shape shares
             hosts = [host for (name, _), host in self.hosts.items() if name == base.name and host.dead is None]
             host = hosts[0] if hosts else self._host(base, LoraShape(1, ("attention",)))
-            sampler = Sampler(host, None, str(base_model), None)
+            sampler = Sampler(host, None, str(base_model), None, account)
         sampling_session_id = f"{session_id}:sample:{seq}"
         self.samplers[sampling_session_id] = sampler
         return sampling_session_id
 
-    def sample(self, request: SamplingRequest) -> tuple[str, list[str]]:
+    def sample(self, request: SamplingRequest, account: str) -> tuple[str, list[str]]:
         """Queue a sampling request; returns its request id and the ids of its samples. Queued requests of one
         sampler with one ``batch_key`` run as one rollout call (``HostScheduler``, ``service.max_sample_batch``)."""
-        sampler = self.sampler(request.sampling_session_id)
+        sampler = self.sampler(request.sampling_session_id, account)
         base = self.catalogue[sampler.host.name]
         request.check(self.max_seq_len)
 
@@ -291,20 +315,14 @@ class TinkerService:
         if request.batch_key is not None:
             batch = JobBatch((sampler.adapter_folder, request.batch_key), request, run_together)
         request_id = self._queue(sampler.host, f"asample (session {request.sampling_session_id})",
-                                 run_scored if request.scores_prompt else lambda: run_together([request])[0], batch=batch)
+                                 run_scored if request.scores_prompt else lambda: run_together([request])[0], account,
+                                 batch=batch)
         return request_id, [f"{request_id}:{index}" for index in range(request.num_samples)]
 
     def shutdown(self) -> None:
         for host in self.hosts.values():
             host.shutdown()
             host.executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _new_model_id(body: dict[str, Any]) -> str:
-    """``<session id>:train:<model_seq_id>``, the id the SDK expects (it builds it itself for a client from a state)."""
-    if not isinstance(body.get("session_id"), str) or not isinstance(body.get("model_seq_id", 0), int):
-        raise UserError("the request needs a session_id (a string) and a model_seq_id (an integer)")
-    return f"{body['session_id']}:train:{body.get('model_seq_id', 0)}"
 
 
 __all__ = ["CapacityError", "TinkerService"]

@@ -16,6 +16,7 @@ from rlflow.workers.worker import find_free_port
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "tml-rlflow-test"
+SECOND_API_KEY = "tml-rlflow-second"  # another account (rlflow.service.accounts)
 PLUGIN = Path(__file__).with_name("service_plugin.py")
 START_TIMEOUT_S = 180
 
@@ -29,7 +30,7 @@ class ServiceProcess:
         self.port = find_free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        args = [sys.executable, "-m", "rlflow.service", f"service.port={self.port}", f"service.api_keys=[{API_KEY}]",
+        args = [sys.executable, "-m", "rlflow.service", f"service.port={self.port}", f"service.api_keys=[{API_KEY},{SECOND_API_KEY}]",
                 *overrides]
         self._log = log_path.open("w")
         self.process = subprocess.Popen(args, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,

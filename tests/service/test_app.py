@@ -20,10 +20,10 @@ class BrokenService:
     catalogue = {"tiny": None}
     max_seq_len = 8
 
-    def create_session(self) -> str:
+    def create_session(self, account: str) -> str:
         raise RuntimeError("a bug in the service")
 
-    def get_info(self, model_id: str) -> dict:
+    def get_info(self, model_id: str, account: str) -> dict:
         raise UnknownModelError(f"model {model_id!r} does not exist")
 
 

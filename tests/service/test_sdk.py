@@ -23,7 +23,7 @@ import pytest
 import tinker
 import torch
 from engine_lists import builtin_engines_with
-from service_runner import API_KEY, REPO, start_service
+from service_runner import API_KEY, REPO, SECOND_API_KEY, start_service
 from sdk_clients import ARITHMETIC, TaskRows, greedy, load_test, rl_step, sft_data, supervised_loop
 from tinker import types
 from peft import PeftModel
@@ -196,6 +196,38 @@ def test_compute_logprobs_and_top_k_prompt_logprobs_equal_the_training_forward(s
     np.testing.assert_allclose(np.asarray([[value for _, value in row] for row in top[1:]]),
                                reference.values.numpy(), rtol=0, atol=1e-5)
     np.testing.assert_allclose(np.asarray(response.prompt_logprobs[1:]), expected, rtol=0, atol=1e-5)
+
+
+def test_a_second_key_cannot_touch_the_first_keys_models_samplers_checkpoints_or_futures(services):
+    """Each key is an account: through the SDK and over plain HTTP, a second key gets 404 for the first key's
+    training client, saved state, sampler weights, sampling session and futures, which go on working for the first."""
+    server = services("fsdp2")
+    service, client = _client(server)
+    state = client.save_state("mine").result().path
+    sampler = client.save_weights_and_get_sampling_client().result()
+    sampler_path = client.save_weights_for_sampler("mine").result().path
+    other = _service(server, api_key=SECOND_API_KEY)
+    with pytest.raises(tinker.NotFoundError):
+        other.create_training_client_from_state(state).result()
+    with pytest.raises(tinker.NotFoundError):
+        other.create_sampling_client(model_path=sampler_path).result()
+
+    def post(path: str, body: dict, key: str = SECOND_API_KEY) -> httpx.Response:
+        return httpx.post(f"{server.url}/api/v1/{path}", json=body, headers={"X-API-Key": key}, timeout=30)
+
+    sample_body = {"sampling_session_id": sampler._sampling_session_id, "num_samples": 1,
+                   "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6]}]}, "sampling_params": {"max_tokens": 1}}
+    request_id = post("asample", sample_body, API_KEY)
+    assert request_id.status_code == 200  # the first key's own request
+    session_id = client.model_id.split(":train:")[0]
+    assert post("get_info", {"model_id": client.model_id}).status_code == 404
+    assert post("optim_step", {"model_id": client.model_id, "seq_id": 1, "adam_params": {}}).status_code == 404
+    assert post("weights_info", {"tinker_path": state}).status_code == 404
+    assert post("create_model", {"session_id": session_id, "model_seq_id": 99, "base_model": "tiny"}).status_code == 404
+    assert post("asample", sample_body).status_code == 404
+    assert post("retrieve_future", {"request_id": request_id.json()["request_id"]}).status_code == 404
+    assert post("get_info", {"model_id": client.model_id}, API_KEY).status_code == 200  # still the first key's
+    assert greedy(sampler, [[5, 6]], max_tokens=2)
 
 
 def test_samples_sent_at_once_run_batched_and_each_gets_the_hf_greedy_answer_to_its_own_prompt(services, demo):
