@@ -20,7 +20,9 @@ from fastapi.responses import JSONResponse
 from rlflow.errors import UserError
 from rlflow.service.accounts import account_of_key
 from rlflow.service.catalogue import UnknownModelError
+from rlflow.service.checkpoint_store import CheckpointStore
 from rlflow.service.futures import UnknownFutureError
+from rlflow.service.rest_routes import add_rest_routes
 from rlflow.service.requests import load_weights_job, optim_step_job, save_sampler_job, save_weights_job
 from rlflow.service.sampling import SamplingRequest
 from rlflow.service.service import TinkerService
@@ -188,6 +190,8 @@ def build_app(service: TinkerService, api_keys: list[str]) -> FastAPI:
     async def asample(request: Request) -> dict:
         request_id, sample_ids = service.sample(SamplingRequest.from_body(await _json(request)), request.state.account)
         return _future(request_id, sample_sequence_ids=sample_ids)
+
+    add_rest_routes(app, CheckpointStore(service.folders))
 
     # ---------------------------------------------------------------- futures
     @app.post(f"{API}/retrieve_future")

@@ -6,7 +6,8 @@ its name or by its folder's path (``tinker-cookbook`` sends the path it loads th
 Everything the service writes lives under ``service.checkpoint_dir``, one folder per training
 client (``<session>_train_<n>``, the client's model id with ``:`` replaced), holding ``model.json``
 (its base model and LoRA shape), ``weights/<name>`` (``save_state``: engine checkpoints) and
-``sampler_weights/<name>`` (``save_weights_for_sampler``: peft adapter folders). A Tinker path
+``sampler_weights/<name>`` (``save_weights_for_sampler``: peft adapter folders), each with a sidecar
+``.<name>.json`` once it is published or given a time to live (``rlflow.service.checkpoint_store``). A Tinker path
 ``tinker://<model id>/<weights|sampler_weights>/<name>`` names such a folder.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -113,9 +115,22 @@ class CheckpointFolders:
         if found_kind != kind:
             raise BadPathError(f"{path!r} holds {found_kind}, and this request needs {kind}")
         folder = self.folder(model_id, kind, name)
-        if not folder.is_dir() or self.account_of(model_id) != account:
+        metadata = self.metadata(model_id, kind, name)
+        readable = self.account_of(model_id) == account or metadata.get("public", False)
+        expired = metadata.get("expires_at") is not None and metadata["expires_at"] <= time.time()
+        if not folder.is_dir() or not readable or expired:
             raise UnknownModelError(f"{path!r} does not exist on this server")
         return model_id, folder
+
+    def metadata_file(self, model_id: str, kind: str, name: str) -> Path:
+        """The sidecar of checkpoint ``name``: ``.<name>.json`` beside its folder (a name never starts with ``.``)."""
+        return self.model_dir(model_id) / kind / f".{check_name(name)}.json"
+
+    def metadata(self, model_id: str, kind: str, name: str) -> dict[str, Any]:
+        """A checkpoint's ``public`` flag and ``expires_at`` (epoch seconds or None); ``{}`` without a sidecar."""
+        file = self.metadata_file(model_id, kind, name)
+        record = read_json(file, FileFormatError, "checkpoint metadata") if file.is_file() else {}
+        return record if isinstance(record, dict) else {}
 
     def write_record(self, model_id: str, base_model: str, shape: LoraShape, account: str) -> None:
         """Record a training client's base model, LoRA shape and account (read back to load its checkpoints)."""

@@ -230,6 +230,39 @@ def test_a_second_key_cannot_touch_the_first_keys_models_samplers_checkpoints_or
     assert greedy(sampler, [[5, 6]], max_tokens=2)
 
 
+def test_the_rest_client_lists_publishes_expires_and_deletes_only_its_own_checkpoints(services):
+    """``tinker.RestClient``: the run and its checkpoints are listed (as on disk: ``test_checkpoint_store.py``
+    lists them again from a fresh store), a published sampler checkpoint is readable by a second key until
+    unpublished, a TTL shows as ``expires_at``, and a delete removes that checkpoint's folder only."""
+    server = services("fsdp2")
+    service, client = _client(server)
+    state = client.save_state("kept").result().path
+    sampler_path = client.save_weights_for_sampler("shared").result().path
+    rest = tinker.RestClient(base_url=server.url, api_key=API_KEY)
+    other_rest, other = tinker.RestClient(base_url=server.url, api_key=SECOND_API_KEY), _service(server, SECOND_API_KEY)
+    assert client.model_id in [run.training_run_id for run in rest.list_training_runs(limit=100).result().training_runs]
+    assert client.model_id not in [run.training_run_id for run in other_rest.list_training_runs(limit=100).result().training_runs]
+    listed = {c.tinker_path: c for c in rest.list_checkpoints(client.model_id).result().checkpoints}
+    assert listed[state].checkpoint_type == "training" and listed[sampler_path].checkpoint_type == "sampler"
+    assert listed[state].size_bytes > 0 and not listed[sampler_path].public
+
+    rest.publish_checkpoint_from_tinker_path(sampler_path).result()
+    assert greedy(other.create_sampling_client(model_path=sampler_path).result(), [[5, 6]], max_tokens=2)
+    rest.unpublish_checkpoint_from_tinker_path(sampler_path).result()
+    with pytest.raises(tinker.NotFoundError):
+        other.create_sampling_client(model_path=sampler_path).result()
+    rest.set_checkpoint_ttl_from_tinker_path(state, 7200).result()
+    assert {c.tinker_path: c for c in rest.list_user_checkpoints(limit=1000).result().checkpoints}[state].expires_at
+
+    with pytest.raises(tinker.NotFoundError):
+        other_rest.delete_checkpoint_from_tinker_path(sampler_path).result()
+    rest.delete_checkpoint_from_tinker_path(sampler_path).result()
+    assert sampler_path not in {c.tinker_path for c in rest.list_checkpoints(client.model_id).result().checkpoints}
+    assert not server.checkpoint_folder(sampler_path).exists() and server.checkpoint_folder(state).is_dir()
+    with pytest.raises(tinker.NotFoundError):
+        service.create_sampling_client(model_path=sampler_path).result()
+
+
 def test_samples_sent_at_once_run_batched_and_each_gets_the_hf_greedy_answer_to_its_own_prompt(services, demo):
     """Greedy requests with prompts of different lengths, sent without waiting, run left-padded together in a few
     rollout calls (``service.max_sample_batch``); each request's tokens are HF ``generate``'s for its prompt alone."""
