@@ -12,8 +12,10 @@ Every Tinker loss is a SUM over tokens, not a mean: the client scales with ``wei
 micro-batches, so that the engine's micro-batch mean and the controller's DP mean give back the
 global sum (``rlflow.roles.losses`` does the same for the RL metrics).
 
-Of the SDK's names, ``gspo`` and ``stable_reinforce`` are not registered (their sequence-level
-maths is not published), nor is ``custom``: the SDK's ``forward_backward_custom`` computes a custom
+``gspo`` is Tinker's GSPO-token (published in its docs); its default clip thresholds are the GSPO paper's
+(``1 - 3e-4``, ``1 + 4e-4``), since Tinker's are not published: pass both to match a Tinker run. Of the SDK's
+names, ``stable_reinforce`` is not registered (its objective needs sampling-time stability information that Tinker
+records on its own servers and does not publish), nor is ``custom``: the SDK's ``forward_backward_custom`` computes a custom
 loss on the client over ``forward`` and sends its gradient as ``cross_entropy`` weights, which works
 here; a server-side custom loss is never requested because the client config turns it off.
 """
@@ -30,7 +32,8 @@ from rlflow.protocol import DataProto
 from rlflow.utils.registry import Registry
 
 # Tinker's loss input name -> the engine batch column that holds it, one column right of the datum.
-INPUT_COLUMNS = {"weights": "target_weights", "logprobs": "sampling_logprobs", "advantages": "advantages"}
+INPUT_COLUMNS = {"weights": "target_weights", "logprobs": "sampling_logprobs", "advantages": "advantages",
+                 "sequence_ratio_mask": "sequence_ratio_mask"}
 TokenLoss = Callable[[torch.Tensor, DataProto, Mapping[str, float]], torch.Tensor]
 
 
@@ -101,6 +104,20 @@ def dro(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) 
     ``-(log p * A - beta / 2 * (log p - log q)^2)``."""
     drift = log_probs - _column(micro, "logprobs")
     return -(log_probs * _column(micro, "advantages") - 0.5 * config["beta"] * drift.square())
+
+
+@TINKER_LOSS_REGISTRY.register("gspo", inputs=("logprobs", "advantages", "sequence_ratio_mask"),
+                               config={"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4})
+def gspo(log_probs: torch.Tensor, micro: DataProto, config: Mapping[str, float]) -> torch.Tensor:
+    """GSPO-token: every token carries its sequence's ratio, the geometric mean of ``p/q`` over the tokens
+    ``sequence_ratio_mask`` marks, with its own log-prob's gradient, in PPO's clipped surrogate."""
+    marked = (_column(micro, "sequence_ratio_mask") != 0).to(log_probs.dtype)
+    drift = (log_probs.detach() - _column(micro, "logprobs")) * marked
+    sequence_log_ratio = drift.sum(dim=-1, keepdim=True) / marked.sum(dim=-1, keepdim=True).clamp(min=1)
+    ratio = torch.exp(sequence_log_ratio + log_probs - log_probs.detach())
+    advantages = _column(micro, "advantages")
+    clipped = ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"])
+    return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
 def make_loss_fn(name: str, config: Mapping[str, float]) -> LossFn:

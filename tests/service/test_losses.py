@@ -14,7 +14,7 @@ from rlflow.protocol import DataProto
 from rlflow.service.losses import TINKER_LOSS_REGISTRY, LossInputError, loss_config, make_loss_fn
 
 # SDK names this server does not register, and why (docs/service.md says the same).
-LEFT_OUT = {"gspo": "sequence-level maths unpublished", "stable_reinforce": "maths unpublished",
+LEFT_OUT = {"stable_reinforce": "needs Tinker's unpublished sampling-time stability information",
             "custom": "server-side custom losses are off; forward_backward_custom runs on the client"}
 
 
@@ -24,10 +24,24 @@ def test_every_sdk_loss_name_is_registered_or_named_as_left_out():
     assert not set(TINKER_LOSS_REGISTRY.names()) - sdk_names
 
 
-def _reference(name: str, lp: torch.Tensor, q: torch.Tensor, adv: torch.Tensor, w: torch.Tensor, cfg: dict) -> torch.Tensor:
+def _gspo_reference(lp: torch.Tensor, q: torch.Tensor, adv: torch.Tensor, marked: torch.Tensor, cfg: dict) -> torch.Tensor:
+    """Tinker's GSPO-token, row by row: s = exp(mean of log p/q over the marked tokens), s_t = sg(s) * p_t / sg(p_t)."""
+    rows = []
+    for row in range(lp.shape[0]):
+        keep = marked[row] != 0
+        s = torch.exp((lp[row].detach() - q[row])[keep].mean()) if keep.any() else torch.tensor(1.0)
+        s_t = s * torch.exp(lp[row] - lp[row].detach())
+        clipped = torch.clamp(s_t, cfg["clip_low_threshold"], cfg["clip_high_threshold"])
+        rows.append(-torch.min(s_t * adv[row], clipped * adv[row]))
+    return torch.stack(rows)
+
+
+def _reference(name: str, lp: torch.Tensor, q: torch.Tensor, adv: torch.Tensor, w: torch.Tensor, cfg: dict,
+               marked: torch.Tensor) -> torch.Tensor:
     """The per-token losses as the Tinker docs state them."""
     ratio = torch.exp(lp - q)
     return {
+        "gspo": lambda: _gspo_reference(lp, q, adv, marked, cfg),
         "cross_entropy": lambda: -(lp * w),
         "importance_sampling": lambda: -(ratio * adv),
         "ppo": lambda: -torch.min(ratio * adv, torch.clamp(ratio, cfg["clip_low_threshold"], cfg["clip_high_threshold"]) * adv),
@@ -36,16 +50,22 @@ def _reference(name: str, lp: torch.Tensor, q: torch.Tensor, adv: torch.Tensor, 
     }[name]()
 
 
-@pytest.mark.parametrize("name", ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"])
+@pytest.mark.parametrize("name", ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"])
 @pytest.mark.parametrize("dp_size,micro_batches", [(1, 1), (2, 3)])
 def test_loss_is_the_masked_sum_of_its_formula_in_value_and_gradient(name, dp_size, micro_batches):
     torch.manual_seed(0)
     shape = (3, 7)
     lp = (-torch.rand(shape) * 3).requires_grad_()
     mask = (torch.rand(shape) > 0.3).long()
-    batch = DataProto.from_dict({"loss_mask": mask, "target_weights": torch.rand(shape),
-                                 "sampling_logprobs": -torch.rand(shape) * 3, "advantages": torch.randn(shape)})
-    cfg = loss_config(name, {})
+    marked = (torch.rand(shape) > 0.4).float() * mask
+    # gspo's clip range is ~1e-3 wide: sampler log-probs near the policy's put some sequences in it and some out
+    sampler = lp.detach() - torch.rand(shape) * 0.01 if name == "gspo" else -torch.rand(shape) * 3
+    batch = DataProto.from_dict({"loss_mask": mask, "target_weights": torch.rand(shape), "sequence_ratio_mask": marked,
+                                 "sampling_logprobs": sampler, "advantages": torch.randn(shape)})
+    cfg = loss_config(name, {"clip_low_threshold": 0.998, "clip_high_threshold": 1.008} if name == "gspo" else {})
+    if name == "gspo":
+        sequence_ratios = [float(torch.exp((lp - sampler)[row][marked[row] != 0].mean())) for row in range(shape[0])]
+        assert min(sequence_ratios) < 1.008 < max(sequence_ratios), sequence_ratios  # the clip takes effect somewhere
     ctx = LossContext(global_num_tokens=int(mask.sum()), global_num_seqs=3, dp_size=dp_size,
                       num_micro_batches=micro_batches, micro_batch_index=0)
     loss, metrics = make_loss_fn(name, cfg)({"log_probs": lp}, batch, ctx)
@@ -53,7 +73,7 @@ def test_loss_is_the_masked_sum_of_its_formula_in_value_and_gradient(name, dp_si
 
     ref_lp = lp.detach().clone().requires_grad_()
     b = batch.batch
-    ref = (_reference(name, ref_lp, b["sampling_logprobs"], b["advantages"], b["target_weights"], cfg) * mask).sum()
+    ref = (_reference(name, ref_lp, b["sampling_logprobs"], b["advantages"], b["target_weights"], cfg, marked) * mask).sum()
     (ref_grad,) = torch.autograd.grad(ref, ref_lp)
     torch.testing.assert_close(loss / dp_size, ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad / dp_size, ref_grad, rtol=1e-6, atol=1e-6)
@@ -65,5 +85,5 @@ def test_loss_config_fills_defaults_and_refuses_unknown_keys():
     assert loss_config("ppo", {"clip_high_threshold": 1.5}) == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.5}
     with pytest.raises(LossInputError, match="clip_hi.*not read by 'ppo'"):
         loss_config("ppo", {"clip_hi": 1.5})
-    with pytest.raises(LossInputError, match="unknown loss function 'gspo'"):
-        make_loss_fn("gspo", {})
+    with pytest.raises(LossInputError, match="unknown loss function 'stable_reinforce'"):
+        make_loss_fn("stable_reinforce", {})
