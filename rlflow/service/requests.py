@@ -12,7 +12,7 @@ from typing import Any, Callable
 from rlflow.engines.config import StepHyperparams
 from rlflow.errors import UserError
 from rlflow.service.futures import Payload
-from rlflow.service.service import Client, Sampler, TinkerService
+from rlflow.service.service import Client, InflightWeights, Sampler, TinkerService
 
 Prepare = Callable[[Client], Callable[[], Payload]]
 
@@ -78,7 +78,9 @@ def save_sampler_job(service: TinkerService, body: dict[str, Any]) -> Prepare:
     """``save_weights_for_sampler``: the adapters as a peft folder, loaded into the sampler at once.
 
     Named (``path``): ``tinker://<model>/sampler_weights/<name>``. Unnamed (``save_weights_and_get_sampling_client``,
-    ``sampling_session_seq_id`` k): a sampling session ``<session>:sample:<k>`` over those weights."""
+    ``sampling_session_seq_id`` k): a sampling session ``<session>:sample:<k>`` over those weights; with
+    ``kind: inflight`` the session samples with whatever the client saves for inflight sampling last, as do its
+    earlier inflight sessions once this save has run (the SDK's inflight contract)."""
 
     def prepare(client: Client) -> Callable[[], Payload]:
         model_id = client.model.model_id
@@ -90,14 +92,18 @@ def save_sampler_job(service: TinkerService, body: dict[str, Any]) -> Prepare:
         folder = service.folders.folder(model_id, "sampler_weights", name)
         path = service.folders.path(model_id, "sampler_weights", name)
 
+        inflight = body.get("kind") == "inflight"
         result: dict[str, Any] = {"path": path, "type": "save_weights_for_sampler"}
+        shared = service.inflight.setdefault(model_id, InflightWeights(str(folder))) if inflight else None
         if seq is not None:  # the session is usable once this job has run, which is when the client learns its id
             result["sampling_session_id"] = f"{model_id.split(':train:')[0]}:sample:{int(seq)}"
             service.samplers[result["sampling_session_id"]] = Sampler(client.host, str(folder), client.requested_base, path,
-                                                                  client.account)
+                                                                  client.account, shared)
 
         def job() -> Payload:
             client.host.save_sampler(client.model, folder)
+            if shared is not None:
+                shared.folder = str(folder)  # every inflight session of this client samples these from now on
             return result
 
         return job

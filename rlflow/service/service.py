@@ -67,14 +67,27 @@ class Client:
 
 
 @dataclass
+class InflightWeights:
+    """The weights a training client's ``inflight`` sampling sessions share: the adapters it saved last."""
+
+    folder: str
+
+
+@dataclass
 class Sampler:
-    """A sampling session: a host and the saved adapters it samples with (None: the base model)."""
+    """A sampling session: a host and the saved adapters it samples with (None: the base model), or, for an
+    ``inflight`` session, whichever adapters its training client saved for inflight sampling last."""
 
     host: BaseModelHost
     adapter_folder: Optional[str]
     base_model: str
     model_path: Optional[str]
     account: str
+    inflight: Optional[InflightWeights] = None
+
+    def weights_folder(self) -> Optional[str]:
+        """The adapters this session samples with now."""
+        return self.adapter_folder if self.inflight is None else self.inflight.folder
 
 
 class TinkerService:
@@ -91,6 +104,7 @@ class TinkerService:
         self.clients: dict[str, Client] = {}
         self.samplers: dict[str, Sampler] = {}
         self.sessions: dict[str, str] = {}  # session id -> its account
+        self.inflight: dict[str, InflightWeights] = {}  # model id -> what its inflight sampling sessions use
         self._session_ids = itertools.count()
         self.request_log = RequestLog(work_dir / REQUEST_LOG)
 
@@ -298,22 +312,23 @@ class TinkerService:
         sampler = self.sampler(request.sampling_session_id, account)
         base = self.catalogue[sampler.host.name]
         request.check(self.max_seq_len)
+        folder = sampler.weights_folder()  # an inflight session: the newest weights saved when the request arrives
 
         def run_together(requests: list[SamplingRequest]) -> list[Payload]:
             sampler.host.start()
             prompts = rollout_prompts(requests, base.pad_token_id)
-            return sample_outcomes(sampler.host.sample(sampler.adapter_folder, prompts), requests, base)
+            return sample_outcomes(sampler.host.sample(folder, prompts), requests, base)
 
         def run_scored() -> Payload:  # a request with prompt log-probs runs alone (no batch key)
             sampler.host.start()
             prompts = rollout_prompts([request], base.pad_token_id)
-            samples = sampler.host.sample(sampler.adapter_folder, prompts)
+            samples = sampler.host.sample(folder, prompts)
             prompts.meta_info = {PROMPT_TOP_K.name: request.topk_prompt_logprobs}
-            return sample_outcome(samples, request, base, sampler.host.score_prompts(sampler.adapter_folder, prompts))
+            return sample_outcome(samples, request, base, sampler.host.score_prompts(folder, prompts))
 
         batch = None
         if request.batch_key is not None:
-            batch = JobBatch((sampler.adapter_folder, request.batch_key), request, run_together)
+            batch = JobBatch((folder, request.batch_key), request, run_together)
         request_id = self._queue(sampler.host, f"asample (session {request.sampling_session_id})",
                                  run_scored if request.scores_prompt else lambda: run_together([request])[0], account,
                                  batch=batch)

@@ -263,6 +263,26 @@ def test_the_rest_client_lists_publishes_expires_and_deletes_only_its_own_checkp
         service.create_sampling_client(model_path=sampler_path).result()
 
 
+def test_inflight_samplers_share_the_newest_weights_and_load_state_rewinds_a_live_client(services):
+    """``kind="inflight"``: an earlier inflight sampler samples with the weights saved for a later one, while a
+    snapshot keeps its own; ``load_state`` on the live client (not a new one) brings back the saved weights."""
+    service, client = _client(services("fsdp2"))
+    tokenizer = client.get_tokenizer()
+    prompts = [tokenizer.encode(text) for text in ("12+7=", "3+4=", "40+2=")]
+    start = client.save_state("start").result().path
+    first_inflight = client.save_weights_and_get_sampling_client(kind="inflight").result()
+    snapshot = client.save_weights_and_get_sampling_client().result()
+    before = greedy(first_inflight, prompts)
+
+    supervised_loop(client, sft_data(tokenizer), steps=4, lr=1e-2)
+    later = greedy(client.save_weights_and_get_sampling_client(kind="inflight").result(), prompts)
+    assert later != before, "training did not change the greedy samples, so the checks below would prove nothing"
+    assert greedy(first_inflight, prompts) == later and greedy(snapshot, prompts) == before
+
+    client.load_state(start).result()
+    assert greedy(client.save_weights_and_get_sampling_client().result(), prompts) == before
+
+
 def test_samples_sent_at_once_run_batched_and_each_gets_the_hf_greedy_answer_to_its_own_prompt(services, demo):
     """Greedy requests with prompts of different lengths, sent without waiting, run left-padded together in a few
     rollout calls (``service.max_sample_batch``); each request's tokens are HF ``generate``'s for its prompt alone."""
