@@ -1,5 +1,6 @@
 """What the service tests do with the real ``tinker`` SDK: a supervised loop, an RL loop on the demo task,
-greedy samples, and a load of concurrent clients. Each function talks to a live server only through the SDK."""
+greedy samples, and a load of concurrent clients. Each function talks to a live server only through the SDK,
+except ``peft_adamw_steps``, the plain peft + AdamW reference the training tests compare with."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import tinker
+import torch
+from peft import PeftModel
 from tinker import types
+from transformers import AutoModelForCausalLM
 
 from rlflow.rewards.registry import get_reward_fn
 
@@ -133,3 +137,22 @@ def load_test(url: str, api_key: str, base_models: list[str], clients: int, roun
     if errors:
         raise errors[0]
     return latencies
+
+
+def peft_adamw_steps(base_path, adapter_folder, data: list, steps: int, adam: types.AdamParams) -> dict[str, torch.Tensor]:
+    """The reference: the saved adapters in plain peft, ``steps`` of summed NLL + ``torch.optim.AdamW``."""
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32),
+                                      adapter_folder, is_trainable=True)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
+                                  weight_decay=adam.weight_decay)
+    for _ in range(steps):
+        loss = 0
+        for datum in data:
+            logits = model(torch.tensor([datum.model_input.to_ints()])).logits[0]
+            targets = torch.tensor(datum.loss_fn_inputs["target_tokens"].tolist())
+            loss = loss - logits.log_softmax(-1).gather(-1, targets[:, None]).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}

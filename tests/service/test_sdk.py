@@ -4,13 +4,15 @@ For each built-in engine with ``Capability.LORA`` (the service trains adapters: 
 server serves the tiny preset and the demo's SFT warm start: a supervised loop whose loss falls, forward
 log-probs equal to the HF model's, an RL loop whose sampled reward on held-out prompts of the demo task
 rises, and a save -> load -> sample round trip with identical greedy samples (a later, different sampler
-in between). On the fsdp2 server: a tinker-cookbook recipe from its own venv, 8 concurrent clients, and the
-errors (401, malformed protobuf, unknown model, too long, a seq_id gap, a failing request, a killed worker).
+in between). On the fsdp2 server: ``compute_logprobs`` and top-k prompt log-probs against the training forward,
+a second key's 404s (accounts), the REST client's checkpoints, inflight samplers and ``load_state`` on a live
+client, a tinker-cookbook recipe from its own venv, 8 concurrent clients, and the errors (401, malformed
+protobuf, unknown model, too long, a seq_id gap, a failing request, a killed worker). The servers come from
+``sdk_servers.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -23,8 +25,9 @@ import pytest
 import tinker
 import torch
 from engine_lists import builtin_engines_with
-from service_runner import API_KEY, REPO, SECOND_API_KEY, start_service
-from sdk_clients import ARITHMETIC, TaskRows, greedy, load_test, rl_step, sft_data, supervised_loop
+from sdk_servers import RANK, sdk_client, sdk_service, services  # noqa: F401 - services is a fixture
+from service_runner import API_KEY, REPO, SECOND_API_KEY
+from sdk_clients import ARITHMETIC, TaskRows, greedy, load_test, peft_adamw_steps, rl_step, sft_data, supervised_loop
 from tinker import types
 from peft import PeftModel
 from safetensors.torch import load_file
@@ -33,7 +36,6 @@ from transformers import AutoModelForCausalLM
 from rlflow.engines.base import Capability
 
 ENGINES = builtin_engines_with(Capability.LORA)
-RANK = 8
 # The RL test scores the mean reward of 4 samples on each of the demo's 256 val prompts. Greedy accuracy
 # was too noisy to test: healthy runs gained 0 to +0.08 on 64 prompts, and +0.000 in 2 of 6 runs from a
 # fused-AdamW warm start on all 256, while the sampled reward rose by +0.09 to +0.13 (2026-11-27).
@@ -43,47 +45,14 @@ RL_VAL_PROMPTS, RL_VAL_SAMPLES = 256, 4
 RL_STEPS, RL_PROMPTS, RL_GROUP, RL_MAX_TOKENS, RL_LR = 12, 16, 8, 32, 2e-3
 
 
-@pytest.fixture(scope="module")
-def services(demo, tiny_model, tmp_path_factory):
-    """A server per engine, started when a test first asks for it and stopped after this module."""
-    started, stoppers = {}, []
-
-    def get(engine: str):
-        if engine not in started:
-            runner = start_service(tmp_path_factory.mktemp(f"service-{engine}"), [
-                f"engine={engine}", "rollout=vllm", f"service.models.tiny={tiny_model}",
-                f"service.models.warm={demo.out / 'sft' / 'hf'}", "service.seq_gap_wait_s=2"])
-            started[engine] = next(runner)
-            stoppers.append(runner)
-        return started[engine]
-
-    yield get
-    for service in _OPEN_SERVICES:  # finish the sessions while their servers still answer, or each
-        with contextlib.suppress(Exception):  # heartbeat warns at exit (the killed worker's may fail)
-            service.close("success").result(timeout=30)
-    _OPEN_SERVICES.clear()
-    for runner in stoppers:
-        next(runner, None)
-
-
-_OPEN_SERVICES: list[tinker.ServiceClient] = []
-
-
-def _service(server, api_key: str = API_KEY) -> tinker.ServiceClient:
-    """An SDK client of ``server``; the ``services`` fixture closes it before the server stops."""
-    service = tinker.ServiceClient(base_url=server.url, api_key=api_key)
-    _OPEN_SERVICES.append(service)
-    return service
-
-
-def _client(server, base_model: str = "tiny"):
-    service = _service(server)
-    return service, service.create_lora_training_client(base_model=base_model, rank=RANK).result()
+def _post(server, path: str, key: str | None = API_KEY, headers: dict | None = None, **kwargs) -> httpx.Response:
+    headers = {**(headers or {}), **({"X-API-Key": key} if key else {})}
+    return httpx.post(f"{server.url}/api/v1/{path}", headers=headers, timeout=60, **kwargs)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_supervised_loop_loss_falls_and_starts_at_the_hf_models_log_probs(services, tiny_model, engine):
-    _, client = _client(services(engine))
+    _, client = sdk_client(services(engine))
     tokenizer = client.get_tokenizer()
     data = sft_data(tokenizer)
     # fresh adapters (B = 0) are the base model: the forward's target log-probs are the HF model's
@@ -99,32 +68,13 @@ def test_supervised_loop_loss_falls_and_starts_at_the_hf_models_log_probs(servic
     assert losses[-1] < 0.6 * losses[0], f"cross-entropy did not fall: {losses}"
 
 
-def _peft_steps(base_path, adapter_folder, data: list, steps: int, adam: types.AdamParams) -> dict[str, torch.Tensor]:
-    """The reference: the saved adapters in plain peft, ``steps`` of summed NLL + ``torch.optim.AdamW``."""
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32),
-                                      adapter_folder, is_trainable=True)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
-                                  weight_decay=adam.weight_decay)
-    for _ in range(steps):
-        loss = 0
-        for datum in data:
-            logits = model(torch.tensor([datum.model_input.to_ints()])).logits[0]
-            targets = torch.tensor(datum.loss_fn_inputs["target_tokens"].tolist())
-            loss = loss - logits.log_softmax(-1).gather(-1, targets[:, None]).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
-
-
 @pytest.mark.parametrize("engine", ENGINES)
 def test_interleaved_clients_each_train_like_plain_peft_and_adamw(services, tiny_model, engine):
     """Two clients on one engine send forward_backward, forward_backward, optim_step, optim_step without waiting
     (their adapters and Adam states swap in and out, never in the middle of an accumulation): each one's
     adapters after 2 steps equal plain peft + AdamW from its own start on its own data."""
     server = services(engine)
-    service = _service(server)
+    service = sdk_service(server)
     # eps 1e-3, not the SDK's 1e-12: Adam turns a gradient of about eps into a step of about lr, so float rounding in
     # the tiny first gradients of lora_A (packed vs padded forward) moved single weights by 1.5e-4 at eps 1e-5
     adam = types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-3)
@@ -138,7 +88,7 @@ def test_interleaved_clients_each_train_like_plain_peft_and_adamw(services, tiny
         for future in passes + steps:
             future.result()
     for client, start, batch in zip(clients, starts, data):
-        expected = _peft_steps(tiny_model, server.checkpoint_folder(start), batch, 2, adam)
+        expected = peft_adamw_steps(tiny_model, server.checkpoint_folder(start), batch, 2, adam)
         end = client.save_weights_for_sampler("end").result().path
         trained = load_file(str(server.checkpoint_folder(end) / "adapter_model.safetensors"))
         assert {name.replace(".default", "") for name in expected} == set(trained)
@@ -148,7 +98,7 @@ def test_interleaved_clients_each_train_like_plain_peft_and_adamw(services, tiny
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_save_load_sample_round_trip_gives_identical_greedy_samples(services, engine):
-    service, client = _client(services(engine))
+    service, client = sdk_client(services(engine))
     tokenizer = client.get_tokenizer()
     prompts = [tokenizer.encode(text) for text in ("12+7=", "3+4=", "40+2=")]
     supervised_loop(client, sft_data(tokenizer), steps=4, lr=1e-2)
@@ -169,7 +119,7 @@ def test_compute_logprobs_and_top_k_prompt_logprobs_equal_the_training_forward(s
     """After training, the sampler's prompt log-probs (``compute_logprobs``, vLLM) equal the training client's
     ``forward`` log-probs of the same tokens within 1e-5 (fp32); ``prompt_logprobs_last_n`` scores a suffix only;
     top-k prompt log-probs are a peft-merged HF forward's."""
-    service, client = _client(services("fsdp2"))
+    service, client = sdk_client(services("fsdp2"))
     tokenizer = client.get_tokenizer()
     supervised_loop(client, sft_data(tokenizer), steps=3, lr=1e-2)
     sampler = client.save_weights_and_get_sampling_client().result()
@@ -202,18 +152,18 @@ def test_a_second_key_cannot_touch_the_first_keys_models_samplers_checkpoints_or
     """Each key is an account: through the SDK and over plain HTTP, a second key gets 404 for the first key's
     training client, saved state, sampler weights, sampling session and futures, which go on working for the first."""
     server = services("fsdp2")
-    service, client = _client(server)
+    service, client = sdk_client(server)
     state = client.save_state("mine").result().path
     sampler = client.save_weights_and_get_sampling_client().result()
     sampler_path = client.save_weights_for_sampler("mine").result().path
-    other = _service(server, api_key=SECOND_API_KEY)
+    other = sdk_service(server, api_key=SECOND_API_KEY)
     with pytest.raises(tinker.NotFoundError):
         other.create_training_client_from_state(state).result()
     with pytest.raises(tinker.NotFoundError):
         other.create_sampling_client(model_path=sampler_path).result()
 
     def post(path: str, body: dict, key: str = SECOND_API_KEY) -> httpx.Response:
-        return httpx.post(f"{server.url}/api/v1/{path}", json=body, headers={"X-API-Key": key}, timeout=30)
+        return _post(server, path, key, json=body)
 
     sample_body = {"sampling_session_id": sampler._sampling_session_id, "num_samples": 1,
                    "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6]}]}, "sampling_params": {"max_tokens": 1}}
@@ -235,11 +185,11 @@ def test_the_rest_client_lists_publishes_expires_and_deletes_only_its_own_checkp
     lists them again from a fresh store), a published sampler checkpoint is readable by a second key until
     unpublished, a TTL shows as ``expires_at``, and a delete removes that checkpoint's folder only."""
     server = services("fsdp2")
-    service, client = _client(server)
+    service, client = sdk_client(server)
     state = client.save_state("kept").result().path
     sampler_path = client.save_weights_for_sampler("shared").result().path
     rest = tinker.RestClient(base_url=server.url, api_key=API_KEY)
-    other_rest, other = tinker.RestClient(base_url=server.url, api_key=SECOND_API_KEY), _service(server, SECOND_API_KEY)
+    other_rest, other = tinker.RestClient(base_url=server.url, api_key=SECOND_API_KEY), sdk_service(server, SECOND_API_KEY)
     assert client.model_id in [run.training_run_id for run in rest.list_training_runs(limit=100).result().training_runs]
     assert client.model_id not in [run.training_run_id for run in other_rest.list_training_runs(limit=100).result().training_runs]
     listed = {c.tinker_path: c for c in rest.list_checkpoints(client.model_id).result().checkpoints}
@@ -266,7 +216,7 @@ def test_the_rest_client_lists_publishes_expires_and_deletes_only_its_own_checkp
 def test_inflight_samplers_share_the_newest_weights_and_load_state_rewinds_a_live_client(services):
     """``kind="inflight"``: an earlier inflight sampler samples with the weights saved for a later one, while a
     snapshot keeps its own; ``load_state`` on the live client (not a new one) brings back the saved weights."""
-    service, client = _client(services("fsdp2"))
+    service, client = sdk_client(services("fsdp2"))
     tokenizer = client.get_tokenizer()
     prompts = [tokenizer.encode(text) for text in ("12+7=", "3+4=", "40+2=")]
     start = client.save_state("start").result().path
@@ -287,7 +237,7 @@ def test_samples_sent_at_once_run_batched_and_each_gets_the_hf_greedy_answer_to_
     """Greedy requests with prompts of different lengths, sent without waiting, run left-padded together in a few
     rollout calls (``service.max_sample_batch``); each request's tokens are HF ``generate``'s for its prompt alone."""
     server = services("fsdp2")
-    _, client = _client(server, base_model="warm")  # the worker group the RL test uses: service.max_hosts is 2
+    _, client = sdk_client(server, base_model="warm")  # the worker group the RL test uses: service.max_hosts is 2
     tokenizer = client.get_tokenizer()
     val = TaskRows.load(demo.out / "data" / "val.parquet", tokenizer, 16)
     prompts = val.prompts + [tokenizer.encode(text) for text in ("1+2", "7-3+4=", "9-8=1\n1-0=1\n1+1=")] * 2
@@ -308,7 +258,7 @@ def test_samples_sent_at_once_run_batched_and_each_gets_the_hf_greedy_answer_to_
 @pytest.mark.parametrize("engine", [pytest.param(name, marks=[] if name == "fsdp2" else [pytest.mark.full])
                                     for name in ENGINES])
 def test_rl_loop_raises_the_val_reward_on_the_demo_task(services, demo, engine):
-    service, client = _client(services(engine), base_model="warm")
+    service, client = sdk_client(services(engine), base_model="warm")
     tokenizer = client.get_tokenizer()
     train = TaskRows.load(demo.out / "data" / "train.parquet", tokenizer, RL_STEPS * RL_PROMPTS)
     val = TaskRows.load(demo.out / "data" / "val.parquet", tokenizer, RL_VAL_PROMPTS)
@@ -347,7 +297,7 @@ def test_tinker_cookbook_arithmetic_rl_recipe_runs_from_its_own_venv(services, d
 
 def test_eight_concurrent_clients_lose_and_misorder_nothing(services, tiny_model):
     server = services("fsdp2")
-    tokenizer = _service(server).create_lora_training_client(
+    tokenizer = sdk_service(server).create_lora_training_client(
         base_model="tiny", rank=RANK).result().get_tokenizer()
     started = time.time()
     latencies = load_test(server.url, API_KEY, ["tiny", "warm"], clients=8, rounds=10, tokenizer=tokenizer)
@@ -364,22 +314,17 @@ def test_eight_concurrent_clients_lose_and_misorder_nothing(services, tiny_model
           f"max {max(latencies):.2f} s; {len(latencies) / (time.time() - started):.1f} requests/s")
 
 
-def _post(server, path: str, key: str | None = API_KEY, headers: dict | None = None, **kwargs) -> httpx.Response:
-    headers = {**(headers or {}), **({"X-API-Key": key} if key else {})}
-    return httpx.post(f"{server.url}/api/v1/{path}", headers=headers, timeout=60, **kwargs)
-
-
 def test_bad_requests_get_a_4xx_with_one_line_and_the_client_goes_on(services):
     server = services("fsdp2")
     assert _post(server, "create_session", key=None, json={}).status_code == 401
     assert _post(server, "create_session", key="tml-wrong", json={}).status_code == 401
     with pytest.raises(tinker.AuthenticationError):
-        _service(server, api_key="tml-wrong").create_lora_training_client(
+        sdk_service(server, api_key="tml-wrong").create_lora_training_client(
             base_model="tiny", rank=RANK).result()
 
     malformed = _post(server, "forward_backward", content=b"\xff\x00garbage", headers={"Content-Type": "application/x-protobuf"})
     assert malformed.status_code == 400 and "not a ForwardBackwardRequest protobuf" in malformed.json()["detail"]
-    service = _service(server)
+    service = sdk_service(server)
     with pytest.raises(tinker.NotFoundError, match="base model 'nope' is not served"):
         service.create_lora_training_client(base_model="nope", rank=RANK).result()
 
@@ -401,7 +346,7 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_client_goes_on(services):
 
 def test_a_failing_request_is_an_error_future_naming_it_and_the_server_keeps_serving(services):
     server = services("fsdp2")
-    client = _service(server).create_lora_training_client(
+    client = sdk_service(server).create_lora_training_client(
         base_model="tiny", rank=RANK).result()
     data = sft_data(client.get_tokenizer())
     with pytest.raises(tinker.RequestFailedError, match=r"forward_backward \(model .*seq_id 1\) failed on the server.*on purpose"):
@@ -413,7 +358,7 @@ def test_a_failing_request_is_an_error_future_naming_it_and_the_server_keeps_ser
 def test_killing_a_worker_mid_request_gives_an_error_future_not_a_hang(services):
     """Last in this module: the killed worker's host is gone (its clients get errors), and a new client starts a new one."""
     server = services("fsdp2")
-    service = _service(server)
+    service = sdk_service(server)
     client = service.create_lora_training_client(base_model="tiny", rank=RANK).result()
     data = sft_data(client.get_tokenizer())
     server.pid_file.unlink(missing_ok=True)
