@@ -19,6 +19,7 @@ PHASES = ("init", "generate", "reward", "forward_backward", "sync", "save")
 # A role's method -> the phase whose timeout bounds one call of it.
 METHOD_PHASES: dict[str, str] = {
     "generate_sequences": "generate",
+    "score_prompts": "generate",
     "compute_rm_score": "reward",
     "compute_log_prob": "forward_backward",
     "compute_ref_log_prob": "forward_backward",
