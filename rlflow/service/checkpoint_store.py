@@ -9,7 +9,7 @@ checkpoints are the folders under ``weights/`` and ``sampler_weights/``. Each ca
   fails its next load.
 * **Publish** makes a checkpoint readable by every account (load it, sample from it; never delete or change it).
 * **TTL** sets ``expires_at`` (3600 s to 10 years from now; ``None`` clears it); an expired checkpoint no longer
-  resolves, and the next REST call of any account deletes it.
+  resolves, and the next listing of its run's checkpoints deletes it.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ class CheckpointStore:
                 "last_sampler_checkpoint": latest["sampler_weights"] and latest["sampler_weights"].as_json(self.folders)}
 
     def checkpoints(self, model_id: str, account: str) -> list[StoredCheckpoint]:
-        """``account``'s run ``model_id``'s live checkpoints, oldest first (expired ones are deleted first)."""
+        """``account``'s run ``model_id``'s live checkpoints, training ones then sampler ones, each oldest first
+        (expired ones are deleted on the way)."""
         self._owned(model_id, account)
         found = []
         for kind in KINDS:
