@@ -89,6 +89,11 @@ def check_name(name: str) -> str:
     return name
 
 
+def is_expired(metadata: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's sidecar metadata (``CheckpointFolders.metadata``) says it has expired."""
+    return metadata.get("expires_at") is not None and metadata["expires_at"] <= time.time()
+
+
 class CheckpointFolders:
     """Maps training clients and ``tinker://`` paths to folders under ``root``."""
 
@@ -117,8 +122,7 @@ class CheckpointFolders:
         folder = self.folder(model_id, kind, name)
         metadata = self.metadata(model_id, kind, name)
         readable = self.account_of(model_id) == account or metadata.get("public", False)
-        expired = metadata.get("expires_at") is not None and metadata["expires_at"] <= time.time()
-        if not folder.is_dir() or not readable or expired:
+        if not folder.is_dir() or not readable or is_expired(metadata):
             raise UnknownModelError(f"{path!r} does not exist on this server")
         return model_id, folder
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlflow.errors import UserError
-from rlflow.service.catalogue import KINDS, MODEL_RECORD, CheckpointFolders, UnknownModelError
+from rlflow.service.catalogue import KINDS, MODEL_RECORD, CheckpointFolders, UnknownModelError, is_expired
 from rlflow.utils.durable import write_atomic
 from rlflow.utils.logging import get_logger
 from rlflow.utils.text_files import FileFormatError, read_json
@@ -47,13 +47,14 @@ class StoredCheckpoint:
     name: str
     folder: Path
     metadata: dict[str, Any]
+    mtime: float  # the folder's, read once when listed
 
     def as_json(self, folders: CheckpointFolders) -> dict[str, Any]:
         """The SDK's ``Checkpoint`` fields."""
         files = [file for file in self.folder.rglob("*") if file.is_file()]
         expires_at = self.metadata.get("expires_at")
         return {"checkpoint_id": f"{self.kind}/{self.name}", "checkpoint_type": CHECKPOINT_TYPES[self.kind],
-                "time": _iso(self.folder.stat().st_mtime), "tinker_path": folders.path(self.model_id, self.kind, self.name),
+                "time": _iso(self.mtime), "tinker_path": folders.path(self.model_id, self.kind, self.name),
                 "size_bytes": sum(file.stat().st_size for file in files), "public": bool(self.metadata.get("public")),
                 "expires_at": None if expires_at is None else _iso(expires_at)}
 
@@ -83,10 +84,9 @@ class CheckpointStore:
         self._owned(model_id, account)
         base_model, shape = self.folders.read_record(model_id)
         checkpoints = self.checkpoints(model_id, account)
-        latest = {kind: max((c for c in checkpoints if c.kind == kind), key=lambda c: c.folder.stat().st_mtime, default=None)
-                  for kind in KINDS}
+        latest = {kind: max((c for c in checkpoints if c.kind == kind), key=lambda c: c.mtime, default=None) for kind in KINDS}
         record = self.folders.model_dir(model_id) / MODEL_RECORD
-        last_used = max([record.stat().st_mtime] + [c.folder.stat().st_mtime for c in checkpoints])
+        last_used = max([record.stat().st_mtime] + [c.mtime for c in checkpoints])
         return {"training_run_id": model_id, "base_model": base_model, "model_owner": account, "is_lora": True,
                 "lora_rank": shape.rank, "last_request_time": _iso(last_used),
                 "last_checkpoint": latest["weights"] and latest["weights"].as_json(self.folders),
@@ -96,17 +96,19 @@ class CheckpointStore:
         """``account``'s run ``model_id``'s live checkpoints, training ones then sampler ones, each oldest first
         (expired ones are deleted on the way)."""
         self._owned(model_id, account)
-        found = []
+        live = []
         for kind in KINDS:
             folder = self.folders.model_dir(model_id) / kind
-            for entry in sorted(folder.iterdir() if folder.is_dir() else [], key=lambda path: path.stat().st_mtime):
-                if entry.is_dir() and not entry.name.startswith("."):
-                    found.append(StoredCheckpoint(model_id, kind, entry.name, entry,
-                                                  self.folders.metadata(model_id, kind, entry.name)))
-        for checkpoint in found:
-            if self._expired(checkpoint.metadata):
-                self._remove(checkpoint)
-        return [checkpoint for checkpoint in found if not self._expired(checkpoint.metadata)]
+            entries = [entry for entry in (folder.iterdir() if folder.is_dir() else [])
+                       if entry.is_dir() and not entry.name.startswith(".")]
+            listed = [StoredCheckpoint(model_id, kind, entry.name, entry, self.folders.metadata(model_id, kind, entry.name),
+                                       entry.stat().st_mtime) for entry in entries]
+            for checkpoint in sorted(listed, key=lambda checkpoint: checkpoint.mtime):
+                if is_expired(checkpoint.metadata):
+                    self._remove(checkpoint)
+                else:
+                    live.append(checkpoint)
+        return live
 
     def delete(self, model_id: str, kind: str, name: str, account: str) -> None:
         """Remove checkpoint ``kind/name`` of ``account``'s run ``model_id``: its folder and sidecar only."""
@@ -138,10 +140,6 @@ class CheckpointStore:
             if (checkpoint.kind, checkpoint.name) == (kind, name):
                 return checkpoint
         raise UnknownModelError(f"checkpoint {kind}/{name} of {model_id!r} does not exist on this server")
-
-    @staticmethod
-    def _expired(metadata: dict[str, Any]) -> bool:
-        return metadata.get("expires_at") is not None and metadata["expires_at"] <= time.time()
 
     def _write_metadata(self, checkpoint: StoredCheckpoint, metadata: dict[str, Any]) -> None:
         write_atomic(self.folders.metadata_file(checkpoint.model_id, checkpoint.kind, checkpoint.name), json.dumps(metadata))

@@ -94,7 +94,7 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
     )
 
 
-def _float_bytes(values: list[float]) -> bytes:
+def _float_bytes(values: list[float] | np.ndarray) -> bytes:
     return np.asarray(values, dtype="<f4").tobytes()
 
 
@@ -141,10 +141,10 @@ def encode_sample_response(sequences: list[SampledSequence], prompt_logprobs: Op
             logprobs=_float_bytes(sequence.logprobs),
         )
     if prompt_logprobs is not None:
-        response.prompt_logprobs = np.asarray(prompt_logprobs, dtype="<f4").tobytes()
+        response.prompt_logprobs = _float_bytes(prompt_logprobs)
     if topk_prompt is not None:
         length, k = topk_prompt.ids.shape
         response.topk_prompt_logprobs.CopyFrom(pb.TopkLogprobs(
             token_ids=np.ascontiguousarray(topk_prompt.ids, dtype="<i4").tobytes(),
-            logprobs=np.ascontiguousarray(topk_prompt.logprobs, dtype="<f4").tobytes(), k=k, length=length))
+            logprobs=_float_bytes(topk_prompt.logprobs), k=k, length=length))
     return response.SerializeToString()
