@@ -24,6 +24,7 @@ fails on a bare-string ``meta_info`` key anywhere in ``rlflow/``.
 | ``loss_fn`` | str (required) | the service | ``ModelWorker.forward_backward`` |
 | ``loss_fn_config`` | dict ({}) | the service | ``ModelWorker.forward_backward`` |
 | ``forward_only`` | bool (False) | the service | ``ModelWorker.forward_backward`` |
+| ``custom_loss`` | a ``GraphLoss`` (none) | the service, for a server-side custom loss | ``ModelWorker.forward_backward`` |
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any, Callable, Generic, Mapping, MutableMapping, TypeVar
 __all__ = ["MetaKey", "SCHEMA", "TEMPERATURE", "COMPUTE_ENTROPY", "GLOBAL_STEP", "VALIDATE", "SAMPLING",
            "POLICY_VERSION", "OLD_LOG_PROBS_FROM_UPDATE", "ROLLOUT_CORRECTION", "ROLLOUT_IS_IN_LOSS", "PROMPT_TOP_K",
            "MINI_BATCH_SIZE", "SEED", "METRICS",
-           "LOSS_FN", "LOSS_FN_CONFIG", "FORWARD_ONLY"]
+           "LOSS_FN", "LOSS_FN_CONFIG", "FORWARD_ONLY", "CUSTOM_LOSS"]
 
 T = TypeVar("T")
 
@@ -102,7 +103,9 @@ METRICS: MetaKey[dict] = MetaKey("metrics", dict, {}, "a worker method's metrics
 LOSS_FN: MetaKey[str] = MetaKey("loss_fn", str, REQUIRED, "the service's Tinker loss name")
 LOSS_FN_CONFIG: MetaKey[dict] = MetaKey("loss_fn_config", dict, {}, "the options of the service's Tinker loss")
 FORWARD_ONLY: MetaKey[bool] = MetaKey("forward_only", bool, False, "the service's forward pass without gradients")
+CUSTOM_LOSS: MetaKey[Any] = MetaKey("custom_loss", _as_is, None,
+                                    "the service's server-side custom loss (rlflow.service.custom_loss_graph.GraphLoss)")
 
 SCHEMA: tuple[MetaKey[Any], ...] = (TEMPERATURE, COMPUTE_ENTROPY, GLOBAL_STEP, VALIDATE, SAMPLING, POLICY_VERSION,
                                     OLD_LOG_PROBS_FROM_UPDATE, ROLLOUT_CORRECTION, ROLLOUT_IS_IN_LOSS, PROMPT_TOP_K, MINI_BATCH_SIZE,
-                                    SEED, METRICS, LOSS_FN, LOSS_FN_CONFIG, FORWARD_ONLY)
+                                    SEED, METRICS, LOSS_FN, LOSS_FN_CONFIG, FORWARD_ONLY, CUSTOM_LOSS)

@@ -44,7 +44,7 @@ def demo(tmp_path_factory) -> DemoRun:
 # alone, because xdist's scheduler sees nothing else (and xdist's own `xdist_group` marks do not reach it
 # under pytest 9.2); a test that asks for `demo` outside DEMO_PATHS stops the collection with the fix.
 DEMO_GROUP = "demo"
-DEMO_PATHS = ("tests/demo/", "tests/service/test_sdk.py", "tests/trainer/test_sft_main.py")
+DEMO_PATHS = ("tests/demo/", "tests/service/test_sdk", "tests/trainer/test_sft_main.py")  # test_sdk*.py
 
 
 def xdist_group_of(nodeid: str) -> str:

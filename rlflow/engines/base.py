@@ -202,6 +202,12 @@ class BaseEngine(abc.ABC):
     def zero_grad(self) -> None:
         """Drop accumulated gradients without stepping."""
 
+    def reset_optimizer(self) -> None:
+        """Forget the optimizer's state (AdamW's moments and step counts) and start the LR schedule over, so the
+        next step is a new optimizer's first: the Tinker service's ``load_state`` without the optimizer. An engine
+        that cannot raises ``NotImplementedError``."""
+        raise NotImplementedError(f"engine {type(self).__name__} cannot reset its optimizer's state")
+
     @abc.abstractmethod
     def train_mode(self) -> AbstractContextManager[None]:
         """Context manager: modules in training mode (dropout on) inside, previous mode restored after."""

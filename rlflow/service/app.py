@@ -3,8 +3,9 @@
 Every request needs an ``X-API-Key`` from ``service.api_keys`` (401 otherwise), and acts for that key's account
 (``rlflow.service.accounts``): another account's sessions, models, samplers, paths and futures are 404. A request the
 service refuses gets a 4xx with ``{"detail": <one line>}``: 404 for an unknown model, session or
-path, 400 for the rest (a malformed body, bad data, a sequence too long, a ``seq_id`` gap). No
-refusal is a 409 or 402, which the SDK would retry for minutes. An unexpected error is a 500
+path, 429 for a full queue (the SDK backs off and resends it), 400 for the rest (a malformed body, bad data, a
+sequence too long, a ``seq_id`` gap). No refusal of a request that cannot succeed later is a 409 or 402, which the
+SDK would retry for minutes. An unexpected error is a 500
 naming the request, and the server goes on serving. Long-running work answers with a future
 (``{"request_id": ...}``) that the client polls with ``retrieve_future``.
 """
@@ -25,6 +26,7 @@ from rlflow.service.futures import UnknownFutureError
 from rlflow.service.rest_routes import add_rest_routes
 from rlflow.service.requests import load_weights_job, optim_step_job, save_sampler_job, save_weights_job
 from rlflow.service.sampling import SamplingRequest
+from rlflow.service.scheduler import QueueFullError
 from rlflow.service.service import TinkerService
 from rlflow.service.wire import MalformedBodyError, decode_forward_backward
 from rlflow.utils.logging import get_logger
@@ -32,19 +34,23 @@ from rlflow.utils.logging import get_logger
 logger = get_logger(__name__)
 API = "/api/v1"
 # The client configuration this server asks the SDK for: plain requests in seq_id order, no JWT exchange,
-# no server-side custom losses, no batched future retrieval.
+# server-side custom losses (rlflow.service.custom_losses), no batched future retrieval.
 CLIENT_CONFIG = {
     "pjwt_auth_enabled": False,
     "use_pyqwest_transport": False,
     "parallel_fwdbwd_chunks": False,
     "proto_compress_fwdbwd": False,
     "sample_use_retrieve_futures": False,
-    "custom_loss_server_side": False,
+    "custom_loss_server_side": True,
     "sample_join_sampling_session": False,
 }
 
 
 def _status(error: UserError) -> int:
+    """404 for what does not exist (to this account), 429 for a full queue (the SDK backs off and sends the request
+    again: it kept its ``seq_id``), 400 for the rest."""
+    if isinstance(error, QueueFullError):
+        return 429
     return 404 if isinstance(error, (UnknownModelError, UnknownFutureError)) else 400
 
 
@@ -117,6 +123,10 @@ def build_app(service: TinkerService, api_keys: list[str]) -> FastAPI:
         return {"supported_models": [{"model_name": name, "max_context_length": service.max_seq_len, "trainable": True,
                                       "sampleable": True} for name in service.catalogue]}
 
+    @app.post(f"{API}/create_custom_loss")
+    async def create_custom_loss(request: Request) -> dict:
+        return _future(service.create_custom_loss(await _json(request), request.state.account))
+
     # ---------------------------------------------------------------- training clients
     @app.post(f"{API}/create_model")
     async def create_model(request: Request) -> dict:
@@ -173,7 +183,7 @@ def build_app(service: TinkerService, api_keys: list[str]) -> FastAPI:
         path = str((await _json(request)).get("tinker_path"))
         kind = "sampler_weights" if "/sampler_weights/" in path else "weights"
         base_model, shape = service.folders.read_record(service.folders.resolve(path, kind, request.state.account)[0])
-        return {"base_model": base_model, "is_lora": True, "lora_rank": shape.rank}
+        return {"base_model": base_model, "is_lora": shape.is_lora, "lora_rank": shape.rank}
 
     # ---------------------------------------------------------------- sampling
     @app.post(f"{API}/create_sampling_session")
@@ -191,7 +201,7 @@ def build_app(service: TinkerService, api_keys: list[str]) -> FastAPI:
         request_id, sample_ids = service.sample(SamplingRequest.from_body(await _json(request)), request.state.account)
         return _future(request_id, sample_sequence_ids=sample_ids)
 
-    add_rest_routes(app, CheckpointStore(service.folders))
+    add_rest_routes(app, CheckpointStore(service.folders), service)
 
     # ---------------------------------------------------------------- futures
     @app.post(f"{API}/retrieve_future")

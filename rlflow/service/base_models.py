@@ -2,7 +2,8 @@
 
 A host is keyed by the base model and the LoRA shape (rank and trained parts): its engine is built
 with that shape, and every training client created with it is a set of adapters plus Adam state
-that the host keeps on disk while another client's set is in the engine. Switching clients saves
+that the host keeps on disk while another client's set is in the engine. Rank 0 is full fine-tuning:
+the engine has no adapters, and a client's state is the whole model and its Adam moments. Switching clients saves
 the active one's checkpoint and loads the next (``activate``), so clients queue on one engine
 instead of each holding a model copy and a rollout engine. The rollout replica holds whichever
 sampler weights were loaded last (``_load_sampler``).
@@ -61,14 +62,16 @@ class BaseModelHost:
     """A worker group (engine + rollout replica per rank) for one base model and LoRA shape."""
 
     def __init__(self, base: BaseModel, shape: LoraShape, config: Any, work_dir: Path, hold_s: float,
-                 max_sample_batch: int) -> None:
+                 max_sample_batch: int, max_queued: int) -> None:
         self.base = base
         self.shape = shape
-        self.label = f"{base.name}-r{shape.rank}-{'-'.join(shape.parts)}"  # the worker group's and thread's name
+        # the worker group's and thread's name
+        self.label = f"{base.name}-r{shape.rank}-{'-'.join(shape.parts)}" if shape.is_lora else f"{base.name}-full"
         self.config = config
         self.work_dir = work_dir
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"host-{self.label}")
-        self.scheduler = HostScheduler(self.executor, self.drop_gradients, hold_s, max_batch=max_sample_batch)
+        self.scheduler = HostScheduler(self.executor, self.drop_gradients, hold_s, max_batch=max_sample_batch,
+                                       max_queued=max_queued)
         self.group: Optional[RayWorkerGroup] = None
         self.dead: Optional[str] = None
         self.active: Optional[TrainingModel] = None
@@ -90,12 +93,12 @@ class BaseModelHost:
                             cpus_per_proc=trainer.cpus_per_proc, device=trainer.device,
                             resource_wait_s=resource_wait_s(trainer), name=f"service-{self.label}")
         engine = OmegaConf.to_container(self.config.engine, resolve=True)
-        engine["lora"] = {**engine.get("lora", {}), "rank": self.shape.rank, "parts": list(self.shape.parts),
-                          "alpha": float(service.lora_alpha), "target_modules": ["all-linear"]}
+        engine["lora"] = {**engine.get("lora", {}), "rank": self.shape.rank, "alpha": float(service.lora_alpha),
+                          "target_modules": ["all-linear"], **({"parts": list(self.shape.parts)} if self.shape.is_lora else {})}
         spec = WorkerSpec(BaseModelWorker, engine, self.config.rollout, str(self.base.path))
         self.group = RayWorkerGroup(pool, spec, name=f"service-{self.label}", timeouts=group_timeouts(trainer.timeouts))
         self._role.save_checkpoint(str(self.work_dir / INITIAL_STATE))
-        logger.info("base model %s: worker group up (LoRA rank %d, %s)", self.name, self.shape.rank, "+".join(self.shape.parts))
+        logger.info("base model %s: worker group up (%s)", self.name, self.label)
 
     def shutdown(self) -> None:
         """Stop the worker group (blocks while Ray stops the workers)."""
@@ -159,15 +162,22 @@ class BaseModelHost:
         self.activate(model)
         self._role.save_checkpoint(str(folder))
 
-    def load_state(self, model: TrainingModel, folder: Path) -> None:
-        """Replace ``model``'s state with the one saved in ``folder`` (same base model and LoRA shape)."""
+    def load_state(self, model: TrainingModel, folder: Path, optimizer: bool) -> None:
+        """Replace ``model``'s weights with the ones saved in ``folder`` (same base model and LoRA shape), and its
+        optimizer state with the saved one (``optimizer``) or a new optimizer's."""
         self.activate(model)
         self._role.load_checkpoint(str(folder))
+        if not optimizer:
+            self._role.reset_optimizer()
 
     def save_sampler(self, model: TrainingModel, folder: Path) -> None:
-        """Write ``model``'s adapters as a peft folder and load them, merged, into the rollout replicas."""
+        """Write ``model``'s adapters as a peft folder (full fine-tuning: its weights as an HF folder) and load its
+        weights into the rollout replicas."""
         self.activate(model)
-        self._role.save_lora_adapter(str(folder))
+        if self.shape.is_lora:
+            self._role.save_lora_adapter(str(folder))
+        else:
+            self._role.save_hf(str(folder))
         self._role.sync_sampler()
         self.sampler = ("adapters", str(folder))
 

@@ -8,17 +8,19 @@ datum for a causal LM is built. A datum whose targets are not that shift is refu
 computes the log-probs of the sequence it runs, not of arbitrary tokens.
 
 Each per-position ``loss_fn_input`` moves to the same columns (``losses.INPUT_COLUMNS``), and
-``loss_mask`` marks columns ``1..N``.
+``loss_mask`` marks columns ``1..N``. A custom loss's other inputs (``rlflow.service.custom_losses``) get columns
+of their own (``input_column``): ``[B, T]`` for one value per position, ``[B]`` for one per datum (rank 0).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import torch
 
 from rlflow.protocol import DataProto
-from rlflow.service.losses import INPUT_COLUMNS, LossInputError, loss_inputs
+from rlflow.service.losses import INPUT_COLUMNS, LossInputError
 
 
 @dataclass
@@ -33,28 +35,35 @@ class SequenceTooLongError(LossInputError):
     """A datum is longer than the model's context (``service.max_seq_len``)."""
 
 
-def _check(index: int, datum: Datum, needed: tuple[str, ...], max_len: int) -> None:
+def input_column(name: str, rank: int) -> str:
+    """The batch column of loss input ``name`` of ``rank`` (1: a value per position, 0: one per datum)."""
+    return INPUT_COLUMNS[name] if rank == 1 and name in INPUT_COLUMNS else f"custom_input:{name}"
+
+
+def _check(index: int, datum: Datum, needed: Mapping[str, int], max_len: int) -> None:
     n = len(datum.tokens)
     if n == 0:
         raise LossInputError(f"datum {index}: model_input is empty")
     if n + 1 > max_len:
         raise SequenceTooLongError(f"datum {index}: {n} positions + 1 target exceed the model's context of {max_len} tokens")
-    for name in ("target_tokens", *needed):
+    per_position = {name: 1 for name in INPUT_COLUMNS if name in datum.loss_fn_inputs}  # each checked when present
+    for name, rank in {"target_tokens": 1, **per_position, **needed}.items():
         values = datum.loss_fn_inputs.get(name)
         if values is None:
             raise LossInputError(f"datum {index}: loss_fn_inputs lacks {name!r} (this loss needs target_tokens, {', '.join(needed)})")
-        if len(values) != n:
-            raise LossInputError(f"datum {index}: loss_fn_inputs[{name!r}] has {len(values)} values for {n} positions")
+        if len(values) != (n if rank == 1 else 1):
+            raise LossInputError(f"datum {index}: loss_fn_inputs[{name!r}] has {len(values)} values for "
+                                 f"{f'{n} positions' if rank == 1 else 'one per datum (rank 0)'}")
     targets = [int(t) for t in datum.loss_fn_inputs["target_tokens"]]
     if targets[:-1] != [int(t) for t in datum.tokens[1:]]:
         raise LossInputError(f"datum {index}: target_tokens must be model_input shifted by one (next-token targets)")
 
 
-def training_batch(data: list[Datum], loss_fn: str, pad_token_id: int, max_len: int) -> DataProto:
-    """The engine batch of ``data`` for loss ``loss_fn``; ``LossInputError`` names what a datum lacks."""
+def training_batch(data: list[Datum], needed: Mapping[str, int], pad_token_id: int, max_len: int) -> DataProto:
+    """The engine batch of ``data`` for a loss reading the inputs ``needed`` (name -> rank) besides ``target_tokens``;
+    ``LossInputError`` names what a datum lacks."""
     if not data:
         raise LossInputError("the request holds no data")
-    needed = loss_inputs(loss_fn)
     for index, datum in enumerate(data):
         _check(index, datum, needed, max_len)
     width = max(len(datum.tokens) for datum in data) + 1
@@ -62,14 +71,22 @@ def training_batch(data: list[Datum], loss_fn: str, pad_token_id: int, max_len: 
     input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((rows, width), dtype=torch.long)
     columns = {column: torch.zeros((rows, width), dtype=torch.float32) for column in INPUT_COLUMNS.values()}
+    custom = {name: rank for name, rank in needed.items() if input_column(name, rank) not in columns}
+    columns.update({input_column(name, rank): torch.zeros((rows, width) if rank else (rows,)) for name, rank in custom.items()})
     for row, datum in enumerate(data):
         n = len(datum.tokens)
         input_ids[row, : n + 1] = torch.tensor([*datum.tokens, int(datum.loss_fn_inputs["target_tokens"][-1])])
         attention_mask[row, : n + 1] = 1
         columns["target_weights"][row, 1 : n + 1] = 1.0  # cross_entropy without weights: every target counts
         for name, column in INPUT_COLUMNS.items():
-            if name in datum.loss_fn_inputs:
+            if name in datum.loss_fn_inputs and needed.get(name, 1) == 1:
                 columns[column][row, 1 : n + 1] = torch.tensor(datum.loss_fn_inputs[name], dtype=torch.float32)
+        for name, rank in custom.items():
+            values = torch.tensor(datum.loss_fn_inputs[name], dtype=torch.float32)
+            if rank:
+                columns[input_column(name, rank)][row, 1 : n + 1] = values
+            else:
+                columns[input_column(name, rank)][row] = values[0]
     loss_mask = attention_mask.clone()
     loss_mask[:, 0] = 0
     return DataProto.from_dict({"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, **columns})

@@ -45,10 +45,16 @@ class BadPathError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class LoraShape:
-    """The adapters of a training client: their rank and the parts they train (attention, mlp, unembedding)."""
+    """The adapters of a training client: their rank and the parts they train (attention, mlp, unembedding); rank 0
+    (no parts) is full fine-tuning, every weight trained."""
 
     rank: int
     parts: tuple[str, ...]
+
+    @property
+    def is_lora(self) -> bool:
+        """Adapters (rank > 0), not full fine-tuning."""
+        return self.rank > 0
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,13 @@ class StoredCheckpoint:
                 "expires_at": None if expires_at is None else _iso(expires_at)}
 
 
+def check_ttl(ttl_seconds: Any) -> None:
+    """Raise ``UserError`` unless ``ttl_seconds`` is None (never expires) or an integer in ``TTL_RANGE_S``."""
+    if ttl_seconds is not None and not (isinstance(ttl_seconds, int) and TTL_RANGE_S[0] <= ttl_seconds <= TTL_RANGE_S[1]):
+        raise UserError(f"ttl_seconds must be an integer from {TTL_RANGE_S[0]} (1 hour) to {TTL_RANGE_S[1]} "
+                        f"(10 years), or null to remove the expiry; got {ttl_seconds!r}")
+
+
 class CheckpointStore:
     """The REST operations over ``folders``, each for one account."""
 
@@ -87,7 +94,7 @@ class CheckpointStore:
         latest = {kind: max((c for c in checkpoints if c.kind == kind), key=lambda c: c.mtime, default=None) for kind in KINDS}
         record = self.folders.model_dir(model_id) / MODEL_RECORD
         last_used = max([record.stat().st_mtime] + [c.mtime for c in checkpoints])
-        return {"training_run_id": model_id, "base_model": base_model, "model_owner": account, "is_lora": True,
+        return {"training_run_id": model_id, "base_model": base_model, "model_owner": account, "is_lora": shape.is_lora,
                 "lora_rank": shape.rank, "last_request_time": _iso(last_used),
                 "last_checkpoint": latest["weights"] and latest["weights"].as_json(self.folders),
                 "last_sampler_checkpoint": latest["sampler_weights"] and latest["sampler_weights"].as_json(self.folders)}
@@ -122,9 +129,7 @@ class CheckpointStore:
     def set_ttl(self, model_id: str, kind: str, name: str, account: str, ttl_seconds: Optional[int]) -> None:
         """Expire one of ``account``'s checkpoints ``ttl_seconds`` from now (``TTL_RANGE_S``), or never (None)."""
         checkpoint = self._checkpoint(model_id, kind, name, account)
-        if ttl_seconds is not None and not (isinstance(ttl_seconds, int) and TTL_RANGE_S[0] <= ttl_seconds <= TTL_RANGE_S[1]):
-            raise UserError(f"ttl_seconds must be an integer from {TTL_RANGE_S[0]} (1 hour) to {TTL_RANGE_S[1]} "
-                            f"(10 years), or null to remove the expiry; got {ttl_seconds!r}")
+        check_ttl(ttl_seconds)
         expires_at = None if ttl_seconds is None else time.time() + ttl_seconds
         self._write_metadata(checkpoint, {**checkpoint.metadata, "expires_at": expires_at})
 

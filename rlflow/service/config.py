@@ -23,8 +23,7 @@ from rlflow.config.loading.entry_point import EntryPoint
 from rlflow.config.loading.rollout_memory import check_rollout_memory
 from rlflow.config.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, Ranges
 from rlflow.config.schema import ClusterConfig, RolloutConfig
-from rlflow.engines.base import Capability
-from rlflow.engines.registry import ENGINE_REGISTRY, engines_with
+from rlflow.engines.registry import ENGINE_REGISTRY
 from rlflow.errors import UserError
 from rlflow.rollout import check_tensor_parallel_size
 from rlflow.rollout.sampling import check_rollout_sampling
@@ -52,6 +51,7 @@ class ServiceSection:
     seq_gap_wait_s: float = 10.0
     gradient_hold_s: float = 60.0
     max_sample_batch: int = 256
+    max_queued_requests: int = 512
     poll_wait_s: float = 25.0
     keep_result_s: float = 300.0
     expire_result_s: float = 3600.0
@@ -59,7 +59,7 @@ class ServiceSection:
     RANGES: ClassVar[Ranges] = {
         "port": Range(1, 65535), "max_seq_len": Range(2, note="a prompt token and a response token"),
         "max_hosts": AT_LEAST_1, "lora_alpha": POSITIVE, "seq_gap_wait_s": NON_NEGATIVE, "gradient_hold_s": NON_NEGATIVE,
-        "max_sample_batch": Range(1, note="1: each sampling request alone"), "poll_wait_s": NON_NEGATIVE,
+        "max_sample_batch": Range(1, note="1: each sampling request alone"), "max_queued_requests": AT_LEAST_1, "poll_wait_s": NON_NEGATIVE,
         "keep_result_s": NON_NEGATIVE, "expire_result_s": NON_NEGATIVE,
     }
 
@@ -93,11 +93,7 @@ def _check_service(config: DictConfig) -> None:
     if not config.rollout.calculate_log_probs:
         raise ConfigError("config key 'rollout.calculate_log_probs': the service's samples carry each token's log-prob "
                           "(Tinker's SampleResponse); leave it true")
-    name = str(config.engine.name)
-    if Capability.LORA not in ENGINE_REGISTRY.get(name, config_key="engine.name").capabilities:
-        lora_engines = list(engines_with(Capability.LORA))
-        raise ConfigError(f"config key 'engine.name': the service trains LoRA adapters and engine {name!r} has none; "
-                          f"use one of {lora_engines}")
+    ENGINE_REGISTRY.get(str(config.engine.name), config_key="engine.name")  # an engine without LoRA: rank-0 clients only
 
 
 def _check_port(host: str, port: int) -> None:

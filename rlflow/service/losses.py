@@ -15,9 +15,8 @@ global sum (``rlflow.roles.losses`` does the same for the RL metrics).
 ``gspo`` is Tinker's GSPO-token (published in its docs); its default clip thresholds are the GSPO paper's
 (``1 - 3e-4``, ``1 + 4e-4``), since Tinker's are not published: pass both to match a Tinker run. Of the SDK's
 names, ``stable_reinforce`` is not registered (its objective needs sampling-time stability information that Tinker
-records on its own servers and does not publish), nor is ``custom``: the SDK's ``forward_backward_custom`` computes a custom
-loss on the client over ``forward`` and sends its gradient as ``cross_entropy`` weights, which works
-here; a server-side custom loss is never requested because the client config turns it off.
+records on its own servers and does not publish), nor is ``custom``, a loss the client uploaded
+(``rlflow.service.custom_losses``).
 """
 
 from __future__ import annotations
@@ -58,6 +57,9 @@ def loss_config(name: str, given: Mapping[str, Any] | None) -> dict[str, float]:
     unknown = sorted(set(given or {}) - set(defaults))
     if unknown:
         raise LossInputError(f"loss_fn_config keys {unknown} are not read by {name!r} (it reads {sorted(defaults) or 'none'})")
+    text = sorted(key for key, value in (given or {}).items() if isinstance(value, str))
+    if text:
+        raise LossInputError(f"loss_fn_config keys {text} of {name!r} must be numbers, got text")
     return {**defaults, **{key: float(value) for key, value in (given or {}).items()}}
 
 

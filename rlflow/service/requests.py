@@ -7,10 +7,11 @@ runs on the client's host, in the client's ``seq_id`` order.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from rlflow.engines.config import StepHyperparams
 from rlflow.errors import UserError
+from rlflow.service.checkpoint_store import CheckpointStore, check_ttl
 from rlflow.service.futures import Payload
 from rlflow.service.service import Client, InflightWeights, Sampler, TinkerService
 
@@ -33,17 +34,25 @@ def optim_step_job(body: dict[str, Any]) -> Prepare:
     return prepare
 
 
+def _expire(service: TinkerService, client: Client, kind: str, name: str, ttl_seconds: Optional[int]) -> None:
+    """Give the checkpoint just saved the TTL its request asked for (None: it never expires)."""
+    if ttl_seconds is not None:
+        CheckpointStore(service.folders).set_ttl(client.model.model_id, kind, name, client.account, ttl_seconds)
+
+
 def save_weights_job(service: TinkerService, body: dict[str, Any]) -> Prepare:
     """``save_state``: the client's adapters and optimizer state as ``tinker://<model>/weights/<name>``."""
 
     def prepare(client: Client) -> Callable[[], Payload]:
-        model_id, name = client.model.model_id, str(body.get("path"))
+        model_id, name, ttl = client.model.model_id, str(body.get("path")), body.get("ttl_seconds")
         folder = service.folders.folder(model_id, "weights", name)
         if folder.exists() and not body.get("overwrite", False):
             raise UserError(f"save_state: {service.folders.path(model_id, 'weights', name)} exists; pick another name or overwrite")
+        check_ttl(ttl)
 
         def job() -> Payload:
             client.host.save_state(client.model, folder)
+            _expire(service, client, "weights", name, ttl)
             return {"path": service.folders.path(model_id, "weights", name), "type": "save_weights"}
 
         return job
@@ -52,10 +61,9 @@ def save_weights_job(service: TinkerService, body: dict[str, Any]) -> Prepare:
 
 
 def load_weights_job(service: TinkerService, body: dict[str, Any], account: str) -> Prepare:
-    """``load_state``: replace the client's state with a saved one of ``account``'s, of the same base model and LoRA
-    shape.
-
-    The optimizer state is restored with the weights whether or not ``optimizer`` is set (docs/service.md)."""
+    """``load_state`` (``_with_optimizer``): replace the client's weights with a saved state's of ``account``, of the
+    same base model and LoRA shape, and its optimizer state with the saved one if ``optimizer`` is set, else with a
+    new optimizer's."""
     path = str(body.get("path"))
     source_id, folder = service.folders.resolve(path, "weights", account)
     source = service.folders.read_record(source_id)
@@ -66,7 +74,7 @@ def load_weights_job(service: TinkerService, body: dict[str, Any], account: str)
                             f"is {client.model.base_model} with LoRA {client.model.shape}")
 
         def job() -> Payload:
-            client.host.load_state(client.model, folder)
+            client.host.load_state(client.model, folder, bool(body.get("optimizer")))
             return {"path": path, "model_id": client.model.model_id, "type": "load_weights"}
 
         return job
@@ -92,6 +100,8 @@ def save_sampler_job(service: TinkerService, body: dict[str, Any]) -> Prepare:
         folder = service.folders.folder(model_id, "sampler_weights", name)
         path = service.folders.path(model_id, "sampler_weights", name)
 
+        ttl = body.get("ttl_seconds")
+        check_ttl(ttl)
         inflight = body.get("kind") == "inflight"
         result: dict[str, Any] = {"path": path, "type": "save_weights_for_sampler"}
         shared = service.inflight.setdefault(model_id, InflightWeights(str(folder))) if inflight else None
@@ -102,6 +112,7 @@ def save_sampler_job(service: TinkerService, body: dict[str, Any]) -> Prepare:
 
         def job() -> Payload:
             client.host.save_sampler(client.model, folder)
+            _expire(service, client, "sampler_weights", name, ttl)
             if shared is not None:
                 shared.folder = str(folder)  # every inflight session of this client samples these from now on
             return result

@@ -1,7 +1,9 @@
-"""The REST client's routes (``tinker.RestClient``): training runs and their checkpoints, on ``CheckpointStore``.
+"""The REST client's routes (``tinker.RestClient``): training runs and their checkpoints, on ``CheckpointStore``, and
+the sessions of the running service.
 
 Each route acts for the request's account (``request.state.account``, set by the app's authentication). A
 checkpoint is named in the URL as the SDK sends it: ``<run id>/checkpoints/<weights|sampler_weights>/<name>``.
+Sessions live in the service's memory: a restarted service lists only its own.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
+from rlflow.service.catalogue import UnknownModelError
 from rlflow.service.checkpoint_store import CheckpointStore
+from rlflow.service.service import TinkerService
 
 API = "/api/v1"
 CHECKPOINT = f"{API}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}"
@@ -20,8 +24,21 @@ def _page(items: list[Any], offset: int, limit: int) -> tuple[list[Any], dict[st
     return items[offset:offset + limit], {"offset": offset, "limit": limit, "total_count": len(items)}
 
 
-def add_rest_routes(app: FastAPI, store: CheckpointStore) -> None:
-    """Serve the REST client's training-run and checkpoint operations from ``store``."""
+def add_rest_routes(app: FastAPI, store: CheckpointStore, service: TinkerService) -> None:
+    """Serve the REST client's training-run and checkpoint operations from ``store``, and its session operations
+    from ``service``."""
+
+    @app.get(f"{API}/sessions")
+    async def list_sessions(request: Request, limit: int = 20, offset: int = 0) -> dict:
+        owned = [session_id for session_id, account in service.sessions.items() if account == request.state.account]
+        return {"sessions": owned[::-1][offset:offset + limit]}  # newest first
+
+    @app.get(f"{API}/sessions/{{session_id}}")
+    async def get_session(session_id: str, request: Request) -> dict:
+        if service.sessions.get(session_id) != request.state.account:
+            raise UnknownModelError(f"session {session_id!r} does not exist")
+        return {"training_run_ids": [model_id for model_id in service.clients if model_id.startswith(f"{session_id}:train:")],
+                "sampler_ids": [sampler_id for sampler_id in service.samplers if sampler_id.startswith(f"{session_id}:sample:")]}
 
     @app.get(f"{API}/training_runs")
     async def list_training_runs(request: Request, limit: int = 20, offset: int = 0) -> dict:

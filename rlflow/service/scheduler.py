@@ -16,6 +16,9 @@ queued jobs with its key (same sampler, same sampling parameters) start with it,
 ``max_batch`` in all, as one ``run_together`` call. Clients send a sampling request per prompt,
 and an RL loop sends hundreds at once; one rollout call decodes them as a batch instead of
 paying a worker round trip and a nearly empty decode per request (docs/service.md).
+
+At most ``max_queued`` jobs wait: the service asks ``check_room`` before it queues a request, and a full queue
+refuses it (``QueueFullError``, answered 429) instead of holding its data for as long as the queue takes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ from collections import deque
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Optional
+
+from rlflow.errors import UserError
+
+
+class QueueFullError(UserError, RuntimeError):
+    """A worker group's queue holds ``max_queued`` requests already."""
 
 
 def _no_start_hook(jobs_in_call: int) -> None:
@@ -61,12 +70,13 @@ class HostScheduler:
     """Picks and runs a host's jobs (on the server's event loop; the jobs themselves run on ``executor``).
 
     ``drop_gradients(owner)`` runs on ``executor`` too, before any other job, when a holder times out;
-    ``max_batch`` bounds the jobs of one ``JobBatch`` call."""
+    ``max_batch`` bounds the jobs of one ``JobBatch`` call, ``max_queued`` the jobs waiting (``check_room``)."""
 
     def __init__(self, executor: Executor, drop_gradients: Callable[[str], None], hold_s: float,
-                 max_batch: int = 1) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+                 max_batch: int = 1, max_queued: int = 512) -> None:
+        if max_batch < 1 or max_queued < 1:
+            raise ValueError(f"max_batch and max_queued must be >= 1, got {max_batch} and {max_queued}")
+        self.max_queued = max_queued
         self.executor = executor
         self.drop_gradients = drop_gradients
         self.hold_s = hold_s
@@ -77,8 +87,19 @@ class HostScheduler:
         self._running = False
         self._hold_timer: Optional[asyncio.TimerHandle] = None
 
+    @property
+    def queued(self) -> int:
+        """The jobs waiting to start."""
+        return sum(len(queue) for queue in self._queues.values())
+
+    def check_room(self, label: str) -> None:
+        """Raise ``QueueFullError`` when ``max_queued`` jobs wait already."""
+        if self.queued >= self.max_queued:
+            raise QueueFullError(f"{label}: {self.queued} requests wait for this worker group already "
+                                 f"(service.max_queued_requests={self.max_queued}); send it again when earlier ones finish")
+
     def submit(self, job: Job) -> None:
-        """Queue ``job`` behind the earlier jobs of its owner."""
+        """Queue ``job`` behind the earlier jobs of its owner (``check_room`` first: this does not refuse)."""
         job.order = next(self._orders)
         self._queues.setdefault(job.owner, deque()).append(job)
         self._pump()

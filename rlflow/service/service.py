@@ -19,14 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from rlflow.engines.base import Capability
+from rlflow.engines.registry import ENGINE_REGISTRY, engines_with
 from rlflow.errors import UserError
-from rlflow.meta_info import FORWARD_ONLY, LOSS_FN, LOSS_FN_CONFIG, PROMPT_TOP_K
+from rlflow.meta_info import CUSTOM_LOSS, FORWARD_ONLY, LOSS_FN, LOSS_FN_CONFIG, PROMPT_TOP_K
 from rlflow.service.base_models import BaseModelHost, TrainingModel
 from rlflow.service.batches import training_batch
 from rlflow.service.catalogue import BaseModel, CheckpointFolders, LoraShape, UnknownModelError, find_base_model
+from rlflow.service.custom_losses import CUSTOM, CustomLossStore, request_metrics
 from rlflow.service.futures import FutureStore, Outcome, Payload
 from rlflow.service.scheduler import Job, JobBatch
-from rlflow.service.losses import loss_config
+from rlflow.service.losses import loss_config, loss_inputs
 from rlflow.service.sampling import SamplingRequest, rollout_prompts, sample_outcome, sample_outcomes
 from rlflow.service.sequencer import RequestSequencer
 from rlflow.service.wire import PROTOBUF, ForwardBackwardCall, encode_forward_backward_output
@@ -37,6 +40,7 @@ logger = get_logger(__name__)
 REQUEST_LOG = "requests.jsonl"
 # Tinker's create_model flags -> rlflow's LoRA parts.
 PART_FLAGS = {"train_attn": "attention", "train_mlp": "mlp", "train_unembed": "unembedding"}
+SAMPLING_SHAPE = LoraShape(1, ("attention",))  # the smallest, for a group started by a base model's sampler
 
 
 class CapacityError(UserError, RuntimeError):
@@ -105,6 +109,7 @@ class TinkerService:
         self.samplers: dict[str, Sampler] = {}
         self.sessions: dict[str, str] = {}  # session id -> its account
         self.inflight: dict[str, InflightWeights] = {}  # model id -> what its inflight sampling sessions use
+        self.custom_losses = CustomLossStore()
         self._session_ids = itertools.count()
         self.request_log = RequestLog(work_dir / REQUEST_LOG)
 
@@ -120,6 +125,14 @@ class TinkerService:
         if not isinstance(session_id, str) or self.sessions.get(session_id) != account:
             raise UnknownModelError(f"session {session_id!r} does not exist (create one with create_session)")
         return session_id
+
+    def create_custom_loss(self, body: dict[str, Any], account: str) -> str:
+        """Check and store a ``CreateCustomLossRequest``'s loss in one of ``account``'s sessions; the request id of
+        its (already finished) future, whose result names the loss id."""
+        loss_id = self.custom_losses.create(body, self._session(body, account), account)
+        request_id = self.futures.create(account)
+        self.futures.finish(request_id, Outcome(payload={"type": "create_custom_loss", "loss_id": loss_id}))
+        return request_id
 
     def _new_model_id(self, body: dict[str, Any], account: str) -> str:
         """``<session id>:train:<model_seq_id>``, the id the SDK expects (it builds it itself for a client from a
@@ -179,16 +192,27 @@ class TinkerService:
                                 f"another worker group, and service.max_hosts={self.config.service.max_hosts} are running")
         host = BaseModelHost(base, shape, self.config, self.folders.root / "hosts" / str(len(self.hosts)),
                              hold_s=float(self.config.service.gradient_hold_s),
-                             max_sample_batch=int(self.config.service.max_sample_batch))
+                             max_sample_batch=int(self.config.service.max_sample_batch),
+                             max_queued=int(self.config.service.max_queued_requests))
         self.hosts[key] = host
         return host
 
-    @staticmethod
-    def _lora_shape(lora_config: dict[str, Any]) -> LoraShape:
+    @property
+    def _engine_has_lora(self) -> bool:
+        return Capability.LORA in ENGINE_REGISTRY.get(str(self.config.engine.name)).capabilities
+
+    def _lora_shape(self, lora_config: dict[str, Any]) -> LoraShape:
+        """The client's adapters; rank 0 is full fine-tuning (every weight trains, the part flags do not apply)."""
         rank = int(lora_config.get("rank", 32))
+        if rank == 0:
+            return LoraShape(0, ())
         parts = tuple(part for flag, part in PART_FLAGS.items() if lora_config.get(flag, True))
-        if rank < 1 or not parts:
-            raise UserError(f"lora_config {lora_config}: rank must be >= 1 and at least one of {sorted(PART_FLAGS)} true")
+        if rank < 0 or not parts:
+            raise UserError(f"lora_config {lora_config}: rank must be >= 0 (0: full fine-tuning) and, with adapters, "
+                            f"at least one of {sorted(PART_FLAGS)} true")
+        if not self._engine_has_lora:
+            raise UserError(f"engine {self.config.engine.name!r} trains no LoRA adapters: create the client with rank=0 "
+                            f"(full fine-tuning), or serve with one of {list(engines_with(Capability.LORA))}")
         return LoraShape(rank, parts)
 
     def create_model(self, body: dict[str, Any], account: str) -> tuple[str, str]:
@@ -200,13 +224,14 @@ class TinkerService:
                                 then=None, result={"model_id": model_id, "type": "create_model"}), model_id
 
     def create_model_from_state(self, body: dict[str, Any], account: str) -> str:
-        """``load_weights`` without a model id: a new training client of ``account`` starting from a saved state."""
+        """``load_weights`` without a model id: a new training client of ``account`` starting from a saved state's
+        weights, and its optimizer state if the body's ``optimizer`` is set (``..._with_optimizer``)."""
         model_id = self._new_model_id(body, account)
         source_id, folder = self.folders.resolve(str(body.get("path")), "weights", account)
         base_name, shape = self.folders.read_record(source_id)
         base = find_base_model(self.catalogue, base_name)
         return self._add_client(model_id, base, shape, base_name, account, label=f"load_weights {model_id}",
-                                then=lambda host, model: host.load_state(model, folder),
+                                then=lambda host, model: host.load_state(model, folder, bool(body.get("optimizer"))),
                                 result={"model_id": model_id, "path": str(body.get("path")), "type": "load_weights"})
 
     def _add_client(self, model_id: str, base: BaseModel, shape: LoraShape, requested: str, account: str, label: str,
@@ -216,6 +241,7 @@ class TinkerService:
         if model_id in self.clients:
             raise UserError(f"model id {model_id!r} exists already (model_seq_id reused in this session)")
         host = self._host(base, shape)
+        host.scheduler.check_room(label)
         model = TrainingModel(model_id, base.name, shape, self.folders.model_dir(model_id) / "active_state")
         self.folders.write_record(model_id, base.name, shape, account)
         sequencer = RequestSequencer(model_id, first_seq_id=1, gap_wait_s=float(self.config.service.seq_gap_wait_s))
@@ -239,7 +265,8 @@ class TinkerService:
     def get_info(self, model_id: str, account: str) -> dict[str, Any]:
         client = self.client(model_id, account)
         base = self.catalogue[client.model.base_model]
-        return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": client.model.shape.rank,
+        return {"type": "get_info", "model_id": model_id, "is_lora": client.model.shape.is_lora,
+                "lora_rank": client.model.shape.rank,
                 "model_name": client.requested_base,
                 "model_data": {"arch": "causal_lm", "model_name": client.requested_base, "tokenizer_id": str(base.path)}}
 
@@ -249,31 +276,39 @@ class TinkerService:
         (``accumulates``: it leaves gradients in the engine; ``steps``: it uses them up; see ``HostScheduler``).
 
         ``prepare`` checks the request (raising ``UserError``, answered 4xx) and returns the job; a refused
-        request still takes its turn, so the client's next one is not held up waiting for it.
+        request still takes its turn, so the client's next one is not held up waiting for it. A request refused for a
+        full queue keeps its ``seq_id`` for the client's retry (``RequestSequencer.in_turn_with_room``).
         """
         client = self.client(model_id, account)
         earlier = client.sequencer.earlier_request(seq_id)
         if earlier is not None:
             return earlier
+        label = f"{label} (model {model_id}, seq_id {seq_id})"
+        client.sequencer.in_turn_with_room(seq_id, lambda: client.host.scheduler.check_room(label))
         await client.sequencer.admit(seq_id)
         request_id = None
         try:
-            request_id = self._queue(client.host, f"{label} (model {model_id}, seq_id {seq_id})", prepare(client),
-                                     account, model_id, seq_id, accumulates, steps)
+            request_id = self._queue(client.host, label, prepare(client), account, model_id, seq_id, accumulates, steps)
             return request_id
         finally:
             await client.sequencer.release(seq_id, request_id)
 
     def forward_backward_job(self, call: ForwardBackwardCall) -> Callable[[Client], Callable[[], Payload]]:
         def prepare(client: Client) -> Callable[[], Payload]:
-            loss_fn = call.loss_fn
-            batch = training_batch(call.data, loss_fn, self.catalogue[client.model.base_model].pad_token_id, self.max_seq_len)
-            batch.meta_info = {LOSS_FN.name: loss_fn, LOSS_FN_CONFIG.name: loss_config(loss_fn, call.loss_fn_config),
-                               FORWARD_ONLY.name: call.forward_only}
+            pad_token_id = self.catalogue[client.model.base_model].pad_token_id
+            if call.loss_fn == CUSTOM:
+                session_id = client.model.model_id.rsplit(":train:", 1)[0]
+                custom = self.custom_losses.get(call.loss_fn_config, session_id, client.account)
+                batch = training_batch(call.data, dict(custom.inputs[1:]), pad_token_id, self.max_seq_len)
+                batch.meta_info = {LOSS_FN.name: CUSTOM, CUSTOM_LOSS.name: custom}
+            else:
+                batch = training_batch(call.data, dict.fromkeys(loss_inputs(call.loss_fn), 1), pad_token_id, self.max_seq_len)
+                batch.meta_info = {LOSS_FN.name: call.loss_fn, LOSS_FN_CONFIG.name: loss_config(call.loss_fn, call.loss_fn_config)}
+            batch.meta_info[FORWARD_ONLY.name] = call.forward_only
 
             def job() -> Payload:
                 logprobs, metrics = client.host.forward_backward(client.model, batch, call.data)
-                return PROTOBUF, encode_forward_backward_output(logprobs, metrics)
+                return PROTOBUF, encode_forward_backward_output(logprobs, request_metrics(metrics, len(call.data)))
 
             return job
 
@@ -298,9 +333,10 @@ class TinkerService:
         else:
             base = find_base_model(self.catalogue, str(base_model))
             # any live group of the base model samples it (its rollout loads the base weights); with none, one is
-            # started with the smallest LoRA shape, which a later training client of that shape shares
+            # started with the smallest LoRA shape (full fine-tuning on an engine without LoRA), which a later
+            # training client of that shape shares
             hosts = [host for (name, _), host in self.hosts.items() if name == base.name and host.dead is None]
-            host = hosts[0] if hosts else self._host(base, LoraShape(1, ("attention",)))
+            host = hosts[0] if hosts else self._host(base, SAMPLING_SHAPE if self._engine_has_lora else LoraShape(0, ()))
             sampler = Sampler(host, None, str(base_model), None, account)
         sampling_session_id = f"{session_id}:sample:{seq}"
         self.samplers[sampling_session_id] = sampler
@@ -308,10 +344,12 @@ class TinkerService:
 
     def sample(self, request: SamplingRequest, account: str) -> tuple[str, list[str]]:
         """Queue a sampling request; returns its request id and the ids of its samples. Queued requests of one
-        sampler with one ``batch_key`` run as one rollout call (``HostScheduler``, ``service.max_sample_batch``)."""
+        sampler with one ``batch_key`` run as one rollout call (``HostScheduler``, ``service.max_sample_batch``); a full
+        queue refuses it (``QueueFullError``: the SDK backs off and sends it again)."""
         sampler = self.sampler(request.sampling_session_id, account)
         base = self.catalogue[sampler.host.name]
         request.check(self.max_seq_len)
+        sampler.host.scheduler.check_room(f"asample (session {request.sampling_session_id})")
         folder = sampler.weights_folder()  # an inflight session: the newest weights saved when the request arrives
 
         def run_together(requests: list[SamplingRequest]) -> list[Payload]:

@@ -34,7 +34,7 @@ class ForwardBackwardCall:
     seq_id: Optional[int]
     data: list[Datum]
     loss_fn: str
-    loss_fn_config: dict[str, float]
+    loss_fn_config: dict[str, float | str]  # numbers, and a custom loss's text loss_id
     forward_only: bool
 
 
@@ -60,14 +60,10 @@ def _tokens(index: int, datum: pb.Datum) -> list[int]:
     return tokens
 
 
-def _loss_fn_config(message: pb.ForwardBackwardRequest) -> dict[str, float]:
+def _loss_fn_config(message: pb.ForwardBackwardRequest) -> dict[str, float | str]:
     if message.loss_fn_config_v2:
-        config = {}
-        for key, value in message.loss_fn_config_v2.items():
-            if value.WhichOneof("value") != "number":
-                raise MalformedBodyError(f"loss_fn_config[{key!r}]: only numbers are supported, got text")
-            config[key] = value.number
-        return config
+        return {key: value.number if value.WhichOneof("value") == "number" else value.text
+                for key, value in message.loss_fn_config_v2.items()}
     return dict(message.loss_fn_config)
 
 

@@ -76,3 +76,26 @@ def test_a_loaded_optimizer_state_keeps_the_configured_kernels():
     for ours, theirs in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-7)
 
+
+
+def test_a_reset_stepper_steps_like_a_new_adamw_from_the_same_weights():
+    """``reset`` (the service's ``load_state`` without the optimizer) forgets the moments and step counts: the
+    next step equals a new ``torch.optim.AdamW``'s first step from the same weights."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3)
+    config = EngineConfig(optimizer=OptimizerConfig(weight_decay=0.0))
+    stepper = OptimizerStepper(build_adamw(model.named_parameters(), set(), config.optimizer), config,
+                               lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    for step in range(2):
+        _grads(model, step)
+        stepper.step(0.03, StepHyperparams(grad_clip=0.0))
+    reference = nn.Linear(6, 3)
+    reference.load_state_dict(model.state_dict())
+    stepper.reset()
+    _grads(model, 5)
+    stepper.step(0.03, StepHyperparams(grad_clip=0.0))
+    _grads(reference, 5)
+    torch.optim.AdamW(reference.parameters(), lr=0.03, betas=config.optimizer.betas, eps=config.optimizer.eps,
+                      weight_decay=0.0).step()
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-7)

@@ -1,6 +1,6 @@
 """What the service tests do with the real ``tinker`` SDK: a supervised loop, an RL loop on the demo task,
 greedy samples, and a load of concurrent clients. Each function talks to a live server only through the SDK,
-except ``peft_adamw_steps``, the plain peft + AdamW reference the training tests compare with."""
+except ``peft_adamw_run``, the plain peft + AdamW reference the training tests compare with."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Sequence
 
+import httpx
 import pyarrow.parquet as pq
 import tinker
 import torch
@@ -139,20 +141,72 @@ def load_test(url: str, api_key: str, base_models: list[str], clients: int, roun
     return latencies
 
 
-def peft_adamw_steps(base_path, adapter_folder, data: list, steps: int, adam: types.AdamParams) -> dict[str, torch.Tensor]:
-    """The reference: the saved adapters in plain peft, ``steps`` of summed NLL + ``torch.optim.AdamW``."""
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32),
-                                      adapter_folder, is_trainable=True)
+DatumLoss = Callable[[torch.Tensor, types.Datum], torch.Tensor]  # (a datum's target log-probs [N], the datum) -> loss
+
+
+def nll(logprobs: torch.Tensor, datum: types.Datum) -> torch.Tensor:
+    """The summed negative log-likelihood of a datum's targets (``cross_entropy`` without weights)."""
+    return -logprobs.sum()
+
+
+class HealthPoller:
+    """Polls ``GET /api/v1/healthz`` every ``interval_s`` while the ``with`` block runs; ``latencies`` holds each
+    answer's time in seconds, and ``failures`` every answer that was not a 200 within ``timeout_s``."""
+
+    def __init__(self, url: str, api_key: str, interval_s: float = 0.2, timeout_s: float = 2.0) -> None:
+        self.url, self.api_key, self.interval_s, self.timeout_s = url, api_key, interval_s, timeout_s
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            start = time.monotonic()
+            try:
+                status = httpx.get(f"{self.url}/api/v1/healthz", headers={"X-API-Key": self.api_key},
+                                   timeout=self.timeout_s).status_code
+            except httpx.HTTPError as error:
+                self.failures.append(f"{type(error).__name__}: {error}")
+                continue
+            self.latencies.append(time.monotonic() - start)
+            if status != 200:
+                self.failures.append(f"status {status}")
+
+    def __enter__(self) -> "HealthPoller":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def peft_adamw_run(base_path, adapter_folder, data: list, adam: types.AdamParams,
+                   step_losses: Sequence[DatumLoss]) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The reference: the saved adapters in plain peft (``adapter_folder`` None: the HF model itself, every weight
+    trained), one ``torch.optim.AdamW`` step per entry of ``step_losses``, each on the sum of its loss over
+    ``data``. Returns the trained parameters and each step's loss."""
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    if adapter_folder is not None:
+        model = PeftModel.from_pretrained(model, adapter_folder, is_trainable=True)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
                                   weight_decay=adam.weight_decay)
-    for _ in range(steps):
+    losses = []
+    for datum_loss in step_losses:
         loss = 0
         for datum in data:
             logits = model(torch.tensor([datum.model_input.to_ints()])).logits[0]
             targets = torch.tensor(datum.loss_fn_inputs["target_tokens"].tolist())
-            loss = loss - logits.log_softmax(-1).gather(-1, targets[:, None]).sum()
+            loss = loss + datum_loss(logits.log_softmax(-1).gather(-1, targets[:, None])[:, 0], datum)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    return {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
+        losses.append(float(loss.detach()))
+    return {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}, losses
+
+
+def peft_adamw_steps(base_path, adapter_folder, data: list, steps: int, adam: types.AdamParams) -> dict[str, torch.Tensor]:
+    """``peft_adamw_run`` with ``steps`` steps of summed NLL: the trained adapters."""
+    return peft_adamw_run(base_path, adapter_folder, data, adam, [nll] * steps)[0]

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from rlflow.service.app import build_app
 from rlflow.service.catalogue import UnknownModelError
+from rlflow.service.scheduler import QueueFullError
 
 KEY = "tml-unit"
 
@@ -25,6 +26,8 @@ class BrokenService:
         raise RuntimeError("a bug in the service")
 
     def get_info(self, model_id: str, account: str) -> dict:
+        if model_id == "busy":
+            raise QueueFullError("get_info: 512 requests wait for this worker group already")
         raise UnknownModelError(f"model {model_id!r} does not exist")
 
 
@@ -53,3 +56,9 @@ def test_bad_bodies_and_unknown_models_get_a_4xx_with_one_line():
     assert not_json.status_code == 400 and "the body is not JSON" in not_json.json()["detail"]
     unknown = client.post("/api/v1/get_info", json={"model_id": "m"}, headers={"X-API-Key": KEY})
     assert unknown.status_code == 404 and unknown.json()["detail"] == "model 'm' does not exist"
+
+
+def test_a_full_queue_is_a_429_which_the_sdk_backs_off_from_and_resends():
+    full = _client().post("/api/v1/get_info", json={"model_id": "busy"}, headers={"X-API-Key": KEY})
+    assert full.status_code == 429
+    assert full.json()["detail"] == "get_info: 512 requests wait for this worker group already"

@@ -9,45 +9,21 @@ import pytest
 import torch
 from tinker.types.loss_fn_type import LossFnType
 
+from loss_references import token_losses
+
 from rlflow.engines import LossContext
 from rlflow.protocol import DataProto
+from rlflow.service.custom_losses import CUSTOM
 from rlflow.service.losses import TINKER_LOSS_REGISTRY, LossInputError, loss_config, make_loss_fn
 
 # SDK names this server does not register, and why (docs/service.md says the same).
-LEFT_OUT = {"stable_reinforce": "needs Tinker's unpublished sampling-time stability information",
-            "custom": "server-side custom losses are off; forward_backward_custom runs on the client"}
+LEFT_OUT = {"stable_reinforce": "needs Tinker's unpublished sampling-time stability information"}
 
 
 def test_every_sdk_loss_name_is_registered_or_named_as_left_out():
     sdk_names = set(typing.get_args(LossFnType))
-    assert sdk_names == set(TINKER_LOSS_REGISTRY.names()) | set(LEFT_OUT)
+    assert sdk_names == set(TINKER_LOSS_REGISTRY.names()) | set(LEFT_OUT) | {CUSTOM}  # CUSTOM: an uploaded loss
     assert not set(TINKER_LOSS_REGISTRY.names()) - sdk_names
-
-
-def _gspo_reference(lp: torch.Tensor, q: torch.Tensor, adv: torch.Tensor, marked: torch.Tensor, cfg: dict) -> torch.Tensor:
-    """Tinker's GSPO-token, row by row: s = exp(mean of log p/q over the marked tokens), s_t = sg(s) * p_t / sg(p_t)."""
-    rows = []
-    for row in range(lp.shape[0]):
-        keep = marked[row] != 0
-        s = torch.exp((lp[row].detach() - q[row])[keep].mean()) if keep.any() else torch.tensor(1.0)
-        s_t = s * torch.exp(lp[row] - lp[row].detach())
-        clipped = torch.clamp(s_t, cfg["clip_low_threshold"], cfg["clip_high_threshold"])
-        rows.append(-torch.min(s_t * adv[row], clipped * adv[row]))
-    return torch.stack(rows)
-
-
-def _reference(name: str, lp: torch.Tensor, q: torch.Tensor, adv: torch.Tensor, w: torch.Tensor, cfg: dict,
-               marked: torch.Tensor) -> torch.Tensor:
-    """The per-token losses as the Tinker docs state them."""
-    ratio = torch.exp(lp - q)
-    return {
-        "gspo": lambda: _gspo_reference(lp, q, adv, marked, cfg),
-        "cross_entropy": lambda: -(lp * w),
-        "importance_sampling": lambda: -(ratio * adv),
-        "ppo": lambda: -torch.min(ratio * adv, torch.clamp(ratio, cfg["clip_low_threshold"], cfg["clip_high_threshold"]) * adv),
-        "cispo": lambda: -(torch.clamp(ratio, cfg["clip_low_threshold"], cfg["clip_high_threshold"]).detach() * lp * adv),
-        "dro": lambda: -(lp * adv - 0.5 * cfg["beta"] * (lp - q) ** 2),
-    }[name]()
 
 
 @pytest.mark.parametrize("name", ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"])
@@ -73,7 +49,7 @@ def test_loss_is_the_masked_sum_of_its_formula_in_value_and_gradient(name, dp_si
 
     ref_lp = lp.detach().clone().requires_grad_()
     b = batch.batch
-    ref = (_reference(name, ref_lp, b["sampling_logprobs"], b["advantages"], b["target_weights"], cfg, marked) * mask).sum()
+    ref = (token_losses(name, ref_lp, b["sampling_logprobs"], b["advantages"], b["target_weights"], cfg, marked) * mask).sum()
     (ref_grad,) = torch.autograd.grad(ref, ref_lp)
     torch.testing.assert_close(loss / dp_size, ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad / dp_size, ref_grad, rtol=1e-6, atol=1e-6)
@@ -85,5 +61,7 @@ def test_loss_config_fills_defaults_and_refuses_unknown_keys():
     assert loss_config("ppo", {"clip_high_threshold": 1.5}) == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.5}
     with pytest.raises(LossInputError, match="clip_hi.*not read by 'ppo'"):
         loss_config("ppo", {"clip_hi": 1.5})
+    with pytest.raises(LossInputError, match="must be numbers, got text"):
+        loss_config("ppo", {"clip_high_threshold": "1.5"})
     with pytest.raises(LossInputError, match="unknown loss function 'stable_reinforce'"):
         make_loss_fn("stable_reinforce", {})

@@ -5,9 +5,12 @@ that goes quiet loses its gradients before anyone else runs."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from rlflow.service.scheduler import HostScheduler, Job, JobBatch
+import pytest
+
+from rlflow.service.scheduler import HostScheduler, Job, JobBatch, QueueFullError
 
 
 def _run(submissions: list[tuple[float, str | None, str, str]], hold_s: float = 5.0) -> list[str]:
@@ -111,3 +114,25 @@ def test_a_failed_batched_call_fails_each_of_its_requests():
 def test_max_batch_one_runs_each_request_alone():
     calls, _ = _run_sampling([("s1", "k"), ("s2", "k")], max_batch=1)
     assert calls == [["s1"], ["s2"]]
+
+
+def test_at_most_max_queued_jobs_wait_and_room_comes_back_as_they_start():
+    async def main() -> tuple[int, int]:
+        executor = ThreadPoolExecutor(max_workers=1)
+        release = threading.Event()
+        scheduler = HostScheduler(executor, lambda owner: None, 5.0, max_queued=2)
+        started = []
+        for index in range(3):  # the first starts at once (it blocks), two wait
+            scheduler.check_room(f"job {index}")
+            scheduler.submit(Job(None, lambda: release.wait(10), lambda task: started.append(task)))
+        with pytest.raises(QueueFullError, match=r"job 3: 2 requests wait .*service.max_queued_requests=2"):
+            scheduler.check_room("job 3")
+        queued = scheduler.queued
+        release.set()
+        while len(started) < 3:
+            await asyncio.sleep(0.01)
+        scheduler.check_room("job 4")  # the queue drained: room again
+        executor.shutdown()
+        return queued, scheduler.queued
+
+    assert asyncio.run(main()) == (2, 0)

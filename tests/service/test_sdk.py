@@ -6,16 +6,13 @@ log-probs equal to the HF model's, an RL loop whose sampled reward on held-out p
 rises, and a save -> load -> sample round trip with identical greedy samples (a later, different sampler
 in between). On the fsdp2 server: ``compute_logprobs`` and top-k prompt log-probs against the training forward,
 a second key's 404s (accounts), the REST client's checkpoints, inflight samplers and ``load_state`` on a live
-client, a tinker-cookbook recipe from its own venv, 8 concurrent clients, and the errors (401, malformed
-protobuf, unknown model, too long, a seq_id gap, a failing request, a killed worker). The servers come from
-``sdk_servers.py``.
+client, a tinker-cookbook recipe from its own venv and 8 concurrent clients. The servers are ``conftest.services``
+(shared with ``test_sdk_api.py``, the losses and the rest of the API, and ``test_sdk_faults.py``, the errors).
 """
-
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 
@@ -25,12 +22,11 @@ import pytest
 import tinker
 import torch
 from engine_lists import builtin_engines_with
-from sdk_servers import RANK, sdk_client, sdk_service, services  # noqa: F401 - services is a fixture
+from sdk_servers import RANK, assert_adapters_equal, post, saved_adapters, sdk_client, sdk_service
 from service_runner import API_KEY, REPO, SECOND_API_KEY
-from sdk_clients import ARITHMETIC, TaskRows, greedy, load_test, peft_adamw_steps, rl_step, sft_data, supervised_loop
+from sdk_clients import ARITHMETIC, HealthPoller, TaskRows, greedy, load_test, peft_adamw_steps, rl_step, sft_data, supervised_loop
 from tinker import types
 from peft import PeftModel
-from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rlflow.engines.base import Capability
@@ -43,11 +39,6 @@ ENGINES = builtin_engines_with(Capability.LORA)
 # last 3 steps against the first 3 differ by noise of about the gain (CI: val +0.046, train -0.003).
 RL_VAL_PROMPTS, RL_VAL_SAMPLES = 256, 4
 RL_STEPS, RL_PROMPTS, RL_GROUP, RL_MAX_TOKENS, RL_LR = 12, 16, 8, 32, 2e-3
-
-
-def _post(server, path: str, key: str | None = API_KEY, headers: dict | None = None, **kwargs) -> httpx.Response:
-    headers = {**(headers or {}), **({"X-API-Key": key} if key else {})}
-    return httpx.post(f"{server.url}/api/v1/{path}", headers=headers, timeout=60, **kwargs)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -89,11 +80,7 @@ def test_interleaved_clients_each_train_like_plain_peft_and_adamw(services, tiny
             future.result()
     for client, start, batch in zip(clients, starts, data):
         expected = peft_adamw_steps(tiny_model, server.checkpoint_folder(start), batch, 2, adam)
-        end = client.save_weights_for_sampler("end").result().path
-        trained = load_file(str(server.checkpoint_folder(end) / "adapter_model.safetensors"))
-        assert {name.replace(".default", "") for name in expected} == set(trained)
-        for name, tensor in expected.items():  # measured within 8e-6; a wrong or mixed-up step moves weights by ~1e-3
-            torch.testing.assert_close(trained[name.replace(".default", "")], tensor, rtol=0, atol=2e-5)
+        assert_adapters_equal(saved_adapters(server, client.save_weights_for_sampler("end").result().path), expected)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -162,31 +149,33 @@ def test_a_second_key_cannot_touch_the_first_keys_models_samplers_checkpoints_or
     with pytest.raises(tinker.NotFoundError):
         other.create_sampling_client(model_path=sampler_path).result()
 
-    def post(path: str, body: dict, key: str = SECOND_API_KEY) -> httpx.Response:
-        return _post(server, path, key, json=body)
+    def send(path: str, body: dict, key: str = SECOND_API_KEY) -> httpx.Response:
+        return post(server, path, key, json=body)
 
     sample_body = {"sampling_session_id": sampler._sampling_session_id, "num_samples": 1,
                    "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6]}]}, "sampling_params": {"max_tokens": 1}}
-    request_id = post("asample", sample_body, API_KEY)
+    request_id = send("asample", sample_body, API_KEY)
     assert request_id.status_code == 200  # the first key's own request
     session_id = client.model_id.split(":train:")[0]
-    assert post("get_info", {"model_id": client.model_id}).status_code == 404
-    assert post("optim_step", {"model_id": client.model_id, "seq_id": 1, "adam_params": {}}).status_code == 404
-    assert post("weights_info", {"tinker_path": state}).status_code == 404
-    assert post("create_model", {"session_id": session_id, "model_seq_id": 99, "base_model": "tiny"}).status_code == 404
-    assert post("asample", sample_body).status_code == 404
-    assert post("retrieve_future", {"request_id": request_id.json()["request_id"]}).status_code == 404
-    assert post("get_info", {"model_id": client.model_id}, API_KEY).status_code == 200  # still the first key's
+    assert send("get_info", {"model_id": client.model_id}).status_code == 404
+    assert send("optim_step", {"model_id": client.model_id, "seq_id": 1, "adam_params": {}}).status_code == 404
+    assert send("weights_info", {"tinker_path": state}).status_code == 404
+    assert send("create_model", {"session_id": session_id, "model_seq_id": 99, "base_model": "tiny"}).status_code == 404
+    assert send("asample", sample_body).status_code == 404
+    assert send("retrieve_future", {"request_id": request_id.json()["request_id"]}).status_code == 404
+    assert send("get_info", {"model_id": client.model_id}, API_KEY).status_code == 200  # still the first key's
     assert greedy(sampler, [[5, 6]], max_tokens=2)
 
 
 def test_the_rest_client_lists_publishes_expires_and_deletes_only_its_own_checkpoints(services):
     """``tinker.RestClient``: the run and its checkpoints are listed (as on disk: ``test_checkpoint_store.py``
     lists them again from a fresh store), a published sampler checkpoint is readable by a second key until
-    unpublished, a TTL shows as ``expires_at``, and a delete removes that checkpoint's folder only."""
+    unpublished, a TTL (given to ``save_state`` or set later) shows as ``expires_at``, and a delete removes that
+    checkpoint's folder only."""
     server = services("fsdp2")
     service, client = sdk_client(server)
     state = client.save_state("kept").result().path
+    expiring = client.save_state("expiring", ttl_seconds=3600).result().path
     sampler_path = client.save_weights_for_sampler("shared").result().path
     rest = tinker.RestClient(base_url=server.url, api_key=API_KEY)
     other_rest, other = tinker.RestClient(base_url=server.url, api_key=SECOND_API_KEY), sdk_service(server, SECOND_API_KEY)
@@ -195,6 +184,13 @@ def test_the_rest_client_lists_publishes_expires_and_deletes_only_its_own_checkp
     listed = {c.tinker_path: c for c in rest.list_checkpoints(client.model_id).result().checkpoints}
     assert listed[state].checkpoint_type == "training" and listed[sampler_path].checkpoint_type == "sampler"
     assert listed[state].size_bytes > 0 and not listed[sampler_path].public
+    assert listed[state].expires_at is None and listed[expiring].expires_at is not None
+    session_id = client.model_id.split(":train:")[0]
+    assert session_id in rest.list_sessions(limit=1000).result().sessions
+    assert session_id not in other_rest.list_sessions(limit=1000).result().sessions
+    assert client.model_id in rest.get_session(session_id).result().training_run_ids
+    with pytest.raises(tinker.NotFoundError):
+        other_rest.get_session(session_id).result()
 
     rest.publish_checkpoint_from_tinker_path(sampler_path).result()
     assert greedy(other.create_sampling_client(model_path=sampler_path).result(), [[5, 6]], max_tokens=2)
@@ -300,8 +296,10 @@ def test_eight_concurrent_clients_lose_and_misorder_nothing(services, tiny_model
     tokenizer = sdk_service(server).create_lora_training_client(
         base_model="tiny", rank=RANK).result().get_tokenizer()
     started = time.time()
-    latencies = load_test(server.url, API_KEY, ["tiny", "warm"], clients=8, rounds=10, tokenizer=tokenizer)
+    with HealthPoller(server.url, API_KEY) as health:  # the server answers health checks under the load
+        latencies = load_test(server.url, API_KEY, ["tiny", "warm"], clients=8, rounds=10, tokenizer=tokenizer)
     assert len(latencies) == 8 * 20
+    assert health.latencies and not health.failures, health.failures
     runs: dict[str, list[int]] = {}
     for line in (server.checkpoint_dir / "requests.jsonl").read_text().splitlines():
         entry = json.loads(line)
@@ -311,65 +309,5 @@ def test_eight_concurrent_clients_lose_and_misorder_nothing(services, tiny_model
     assert sorted(runs.values()) == [list(range(1, 21))] * 8, "a client's requests ran out of seq_id order or went missing"
     p50, p90, p99 = np.percentile(latencies, [50, 90, 99])
     print(f"load: 8 clients x 20 requests on 2 base models; latency p50 {p50:.2f} s, p90 {p90:.2f} s, p99 {p99:.2f} s, "
-          f"max {max(latencies):.2f} s; {len(latencies) / (time.time() - started):.1f} requests/s")
-
-
-def test_bad_requests_get_a_4xx_with_one_line_and_the_client_goes_on(services):
-    server = services("fsdp2")
-    assert _post(server, "create_session", key=None, json={}).status_code == 401
-    assert _post(server, "create_session", key="tml-wrong", json={}).status_code == 401
-    with pytest.raises(tinker.AuthenticationError):
-        sdk_service(server, api_key="tml-wrong").create_lora_training_client(
-            base_model="tiny", rank=RANK).result()
-
-    malformed = _post(server, "forward_backward", content=b"\xff\x00garbage", headers={"Content-Type": "application/x-protobuf"})
-    assert malformed.status_code == 400 and "not a ForwardBackwardRequest protobuf" in malformed.json()["detail"]
-    service = sdk_service(server)
-    with pytest.raises(tinker.NotFoundError, match="base model 'nope' is not served"):
-        service.create_lora_training_client(base_model="nope", rank=RANK).result()
-
-    client = service.create_lora_training_client(base_model="tiny", rank=RANK).result()
-    too_long = [types.Datum(model_input=types.ModelInput.from_ints([5] * 600),
-                            loss_fn_inputs={"target_tokens": [5] * 600, "weights": [1.0] * 600})]
-    with pytest.raises(tinker.BadRequestError, match="exceed the model's context of 512 tokens"):
-        client.forward_backward(too_long, "cross_entropy").result()
-    data = sft_data(client.get_tokenizer())
-    assert client.forward_backward(data, "cross_entropy").result().metrics["loss:sum"] > 0  # the refused seq_id was skipped
-    client.optim_step(types.AdamParams(learning_rate=1e-3)).result()  # uses the gradients up: other clients' turn
-
-    model_id = client.model_id
-    unknown = _post(server, "optim_step", json={"model_id": "nope:train:0", "seq_id": 1, "adam_params": {}})
-    assert unknown.status_code == 404 and "does not exist" in unknown.json()["detail"]
-    gap = _post(server, "optim_step", json={"model_id": model_id, "seq_id": 50, "adam_params": {}})
-    assert gap.status_code == 400 and "never did" in gap.json()["detail"]
-
-
-def test_a_failing_request_is_an_error_future_naming_it_and_the_server_keeps_serving(services):
-    server = services("fsdp2")
-    client = sdk_service(server).create_lora_training_client(
-        base_model="tiny", rank=RANK).result()
-    data = sft_data(client.get_tokenizer())
-    with pytest.raises(tinker.RequestFailedError, match=r"forward_backward \(model .*seq_id 1\) failed on the server.*on purpose"):
-        client.forward_backward(data, "test_raises").result()
-    assert client.forward_backward(data, "cross_entropy").result().metrics["loss:sum"] > 0
-    client.optim_step(types.AdamParams(learning_rate=1e-3)).result()  # uses the gradients up: other clients' turn
-
-
-def test_killing_a_worker_mid_request_gives_an_error_future_not_a_hang(services):
-    """Last in this module: the killed worker's host is gone (its clients get errors), and a new client starts a new one."""
-    server = services("fsdp2")
-    service = sdk_service(server)
-    client = service.create_lora_training_client(base_model="tiny", rank=RANK).result()
-    data = sft_data(client.get_tokenizer())
-    server.pid_file.unlink(missing_ok=True)
-    future = client.forward_backward(data, "test_sleeps", loss_fn_config={"seconds": 120.0})
-    deadline = time.monotonic() + 60
-    while not server.pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    os.kill(int(server.pid_file.read_text()), signal.SIGKILL)
-    started = time.monotonic()
-    with pytest.raises(tinker.RequestFailedError, match="WorkerDiedError"):
-        future.result(timeout=90)
-    assert time.monotonic() - started < 90
-    replacement = service.create_lora_training_client(base_model="tiny", rank=RANK).result()
-    assert replacement.forward_backward(data, "cross_entropy").result().metrics["loss:sum"] > 0
+          f"max {max(latencies):.2f} s; {len(latencies) / (time.time() - started):.1f} requests/s; "
+          f"{len(health.latencies)} health checks, the slowest {max(health.latencies) * 1000:.0f} ms")

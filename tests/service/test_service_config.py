@@ -19,8 +19,7 @@ def _prepared(overrides: list[str]) -> object:
     (["service.models.tiny=/nowhere"], "config key 'service.api_keys': set at least one key"),
     (["service.api_keys=[secret]", "service.models.tiny=/nowhere"], "keys must start with 'tml-'"),
     (["service.api_keys=[tml-a]"], "config key 'service.models': name at least one base model"),
-    (["service.api_keys=[tml-a]", "service.models.tiny=/x", "engine=torchtitan"],
-     "engine 'torchtitan' has none; use one of ['fsdp', 'fsdp2'"),  # then the LoRA engines plugins registered
+    (["service.api_keys=[tml-a]", "service.models.tiny=/x", "engine.name=nope"], "engine.name"),
     (["service.api_keys=[tml-a]", "service.models.tiny=/x", "+service.prot=1"], "service.prot"),
     (["service.api_keys=[tml-a]", "service.models.tiny=/x", "service.max_sample_batch=0"],
      "config key 'service.max_sample_batch': must be >= 1"),

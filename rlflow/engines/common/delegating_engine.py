@@ -37,6 +37,10 @@ class DelegatingEngine(BaseEngine):
         self._require_initialized()
         self.stepper.zero_grad()
 
+    def reset_optimizer(self) -> None:
+        self._require_initialized()
+        self.stepper.reset()
+
     def train_mode(self) -> AbstractContextManager[None]:
         self._require_initialized()
         return module_mode([self.module], True)

@@ -82,6 +82,13 @@ class OptimizerStepper:
         """Drop accumulated gradients (set to None)."""
         self.optimizer.zero_grad(set_to_none=True)
 
+    def reset(self) -> None:
+        """Forget the optimizer's state and start the LR schedule and skip count over: the next step runs as a new
+        optimizer's first (and a checkpoint written before it drops its placeholder state again on loading)."""
+        self.optimizer.state.clear()
+        self.schedule.load_state_dict({"step_count": 0})
+        self.skipped_steps = 0
+
     def forget_placeholder_state(self) -> None:
         """Drop the optimizer state when no step has run yet. Writing or reading a checkpoint fills an
         un-stepped optimizer's state (torch.distributed.checkpoint runs one zero-lr step to create it), and
