@@ -26,6 +26,8 @@ from torch.fx.node import _get_qualified_name  # the SDK names call_function tar
 from rlflow.service.losses import LossInputError
 
 MAX_NODES = 1024
+MAX_PYTHON_INT, MAX_INT_POWER = 2**31, 64  # bounds on what Python computes itself (``_check_python_values``)
+_SEQUENCE_OPERATORS = frozenset({"operator.add", "operator.mul", "operator.pow"})
 _TENSOR_FUNCTIONS = (
     "abs", "neg", "sign", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt", "square", "pow",
     "sigmoid", "tanh", "relu", "clamp", "clip", "clamp_min", "clamp_max", "minimum", "maximum", "min", "max", "where",
@@ -115,8 +117,22 @@ class GraphLoss:
         raise CustomLossError(f"custom loss {self.name!r} has no output node")
 
 
+def _check_python_values(node: Node, args: tuple) -> None:
+    """Bound what Python itself computes (an operator on plain numbers or sequences), which the table cannot: a
+    power or a repeated sequence of any size would hold the server's thread or memory."""
+    for value in args:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_PYTHON_INT:
+            raise CustomLossError(f"node {node.name!r} ({node.target}): Python integers beyond 2**31 are not allowed")
+    if node.target in _SEQUENCE_OPERATORS and any(isinstance(value, (str, list, tuple)) for value in args):
+        raise CustomLossError(f"node {node.name!r} ({node.target}): operators on Python sequences are not allowed")
+    if node.target == "operator.pow" and all(isinstance(value, int) for value in args) and args[1] > MAX_INT_POWER:
+        raise CustomLossError(f"node {node.name!r}: an integer power above {MAX_INT_POWER} is not allowed")
+
+
 def _call(node: Node, args: tuple, kwargs: dict) -> Any:
     if node.op == "call_function":
+        if node.target.startswith(("operator.", "math.")):
+            _check_python_values(node, args)
         return FUNCTIONS[node.target](*args, **kwargs)
     receiver, *rest = args
     if not isinstance(receiver, torch.Tensor):

@@ -77,7 +77,7 @@ def test_an_uploaded_loss_runs_as_the_function_it_was_traced_from(name, dp_size,
     torch.testing.assert_close(grad / dp_size, reference_grad, rtol=1e-6, atol=1e-6)
     # the engine averages over micro-batches and the controller over ranks; the service then averages :mean keys
     reduced = request_metrics({key: value / (dp_size * micro_batches) for key, value in metrics.items()}, len(data))
-    assert reduced["loss:sum"] == pytest.approx(float(reference), rel=1e-5)
+    assert reduced["loss:sum"] == pytest.approx(float(reference.detach()), rel=1e-5)
     for key, value in sums.items():
         assert reduced[key] == pytest.approx(value / len(data) if key.endswith(":mean") else value, rel=1e-5), key
 
@@ -109,6 +109,10 @@ REFUSED = {
     "an unknown encoding": (lambda b: _node(b, "exp").update(args=[{"pickle": "..."}]), "not one of the SDK's"),
     "a private attribute": (lambda b: _node(b, "exp").update(target="getattr", args=[{"ref": "sub"}, "__class__"]),
                             "only the attributes"),
+    "a huge Python power": (lambda b: _node(b, "mul").update(target="operator.pow", args=[10, 10**9]),
+                            "an integer power above 64"),
+    "a huge Python integer": (lambda b: _node(b, "mul").update(args=[10**12, 2]), "Python integers beyond 2\\*\\*31"),
+    "a repeated sequence": (lambda b: _node(b, "mul").update(args=[[1.0], 10**6]), "operators on Python sequences"),
     "too many nodes": (lambda b: b["graph"].update(nodes=b["graph"]["nodes"][:1] * (MAX_NODES + 1)), "1 to 1024 nodes"),
     "rank-2 logprobs": (lambda b: b["inputs"][0].update(rank=2), "unsupported: logprobs of rank 2"),
     "a rank-2 input": (lambda b: b["inputs"][1].update(rank=2), "unsupported: input 'old' of rank 2"),
