@@ -26,6 +26,7 @@ from torch.fx.node import _get_qualified_name  # the SDK names call_function tar
 from rlflow.service.losses import LossInputError
 
 MAX_NODES = 1024
+MAX_ARG_ITEMS = 256  # items of one list or tuple argument (a cat or stack of more would be of a size the graph picks)
 MAX_PYTHON_INT, MAX_INT_POWER = 2**31, 64  # bounds on what Python computes itself (``_check_python_values``)
 _SEQUENCE_OPERATORS = frozenset({"operator.add", "operator.mul", "operator.pow"})
 _TENSOR_FUNCTIONS = (
@@ -169,6 +170,10 @@ def _decode(value: Any, known: set[str]) -> Any:
     """One encoded argument (``tinker.types.CustomLossNode.args``) as a Python value, ``Ref`` for a node."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if isinstance(value, list) or (isinstance(value, dict) and isinstance(value.get("tuple"), list)):
+        items = value if isinstance(value, list) else value["tuple"]
+        if len(items) > MAX_ARG_ITEMS:
+            raise CustomLossError(f"an argument holds {len(items)} items; at most {MAX_ARG_ITEMS}")
     if isinstance(value, list):
         return [_decode(item, known) for item in value]
     if not (isinstance(value, dict) and len(value) == 1):

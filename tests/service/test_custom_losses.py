@@ -113,6 +113,8 @@ REFUSED = {
                             "an integer power above 64"),
     "a huge Python integer": (lambda b: _node(b, "mul").update(args=[10**12, 2]), "Python integers beyond 2\\*\\*31"),
     "a repeated sequence": (lambda b: _node(b, "mul").update(args=[[1.0], 10**6]), "operators on Python sequences"),
+    "a list of too many items": (lambda b: _node(b, "minimum").update(target="torch.stack", args=[[{"ref": "mul"}] * 300]),
+                                 "holds 300 items; at most 256"),
     "too many nodes": (lambda b: b["graph"].update(nodes=b["graph"]["nodes"][:1] * (MAX_NODES + 1)), "1 to 1024 nodes"),
     "rank-2 logprobs": (lambda b: b["inputs"][0].update(rank=2), "unsupported: logprobs of rank 2"),
     "a rank-2 input": (lambda b: b["inputs"][1].update(rank=2), "unsupported: input 'old' of rank 2"),
