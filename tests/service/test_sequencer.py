@@ -54,53 +54,50 @@ def test_a_used_seq_id_is_refused_and_a_retry_finds_its_request():
     asyncio.run(run())
 
 
+class _Client:
+    """Sends requests through ``sequencer`` to a queue whose room the test turns on and off (``room``)."""
+
+    def __init__(self, gap_wait_s: float) -> None:
+        self.sequencer, self.order, self.room = RequestSequencer("m", first_seq_id=1, gap_wait_s=gap_wait_s), [], False
+
+    def check_room(self) -> None:
+        if not self.room:
+            raise QueueFullError("full")
+
+    async def send(self, seq_id: int) -> None:
+        self.sequencer.in_turn_with_room(seq_id, self.check_room)
+        await _submit(self.sequencer, seq_id, self.order)
+
+
 def test_a_request_refused_for_a_full_queue_keeps_its_seq_id_and_holds_back_the_later_ones():
     async def run() -> list[int]:
-        sequencer, order, room = RequestSequencer("m", first_seq_id=1, gap_wait_s=5.0), [], [False]
-
-        def check_room() -> None:
-            if not room[0]:
-                raise QueueFullError("full")
-
-        async def send(seq_id: int) -> None:
-            sequencer.in_turn_with_room(seq_id, check_room)
-            await _submit(sequencer, seq_id, order)
-
+        client = _Client(gap_wait_s=5.0)
         for seq_id in (1, 2):
             with pytest.raises(QueueFullError, match="full"):
-                await send(seq_id)
-        room[0] = True  # room again: 2's retry still waits for 1's, which then goes first
+                await client.send(seq_id)
+        client.room = True  # room again: 2's retry still waits for 1's, which then goes first
         with pytest.raises(QueueFullError, match="seq_id 2 waits for seq_id 1, refused for a full queue"):
-            await send(2)
-        await send(1)
-        await send(2)
-        return order
+            await client.send(2)
+        await client.send(1)
+        await client.send(2)
+        return client.order
 
     assert asyncio.run(run()) == [1, 2]
 
 
 def test_a_request_waiting_behind_one_refused_for_room_outwaits_the_gap_limit():
     async def run() -> list[int]:
-        sequencer, order, room = RequestSequencer("m", first_seq_id=1, gap_wait_s=0.05), [], [False]
-
-        def check_room() -> None:
-            if not room[0]:
-                raise QueueFullError("full")
-
-        async def send(seq_id: int) -> None:
-            sequencer.in_turn_with_room(seq_id, check_room)
-            await _submit(sequencer, seq_id, order)
-
-        room[0] = True
-        second = asyncio.ensure_future(send(2))  # admitted past the room check, waits for 1
+        client = _Client(gap_wait_s=0.05)
+        client.room = True
+        second = asyncio.ensure_future(client.send(2))  # admitted past the room check, waits for 1
         await asyncio.sleep(0.01)
-        room[0] = False
+        client.room = False
         with pytest.raises(QueueFullError):
-            await send(1)
+            await client.send(1)
         await asyncio.sleep(0.2)  # four gap limits: 1 came, so 2 keeps waiting for its retry
-        room[0] = True
-        await send(1)
+        client.room = True
+        await client.send(1)
         await second
-        return order
+        return client.order
 
     assert asyncio.run(run()) == [1, 2]
