@@ -18,11 +18,12 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_preset(tmp_path_factory.mktemp("service-preset") / "tiny", tokenizer_corpus(), preset="tiny", seed=0)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def services(demo, tiny_model, tmp_path_factory):
     """A server per engine, started when a test first asks for it and shared by the SDK test modules (they run
     in one pytest-xdist group, tests/conftest.py: test_sdk.py, test_sdk_api.py, then test_sdk_faults.py, whose
-    last test kills a worker)."""
+    last test kills a worker). Package scope: the servers stop when that worker leaves tests/service/, so their
+    processes do not load the machine for the rest of the run."""
     started, stoppers = {}, []
 
     def get(engine: str):
