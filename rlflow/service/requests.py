@@ -13,7 +13,7 @@ from rlflow.engines.config import StepHyperparams
 from rlflow.errors import UserError
 from rlflow.service.checkpoint_store import CheckpointStore, check_ttl
 from rlflow.service.futures import Payload
-from rlflow.service.service import Client, InflightWeights, Sampler, TinkerService
+from rlflow.service.service import Client, InflightWeights, Sampler, TinkerService, session_of
 
 Prepare = Callable[[Client], Callable[[], Payload]]
 
@@ -106,7 +106,7 @@ def save_sampler_job(service: TinkerService, body: dict[str, Any]) -> Prepare:
         result: dict[str, Any] = {"path": path, "type": "save_weights_for_sampler"}
         shared = service.inflight.setdefault(model_id, InflightWeights(str(folder))) if inflight else None
         if seq is not None:  # the session is usable once this job has run, which is when the client learns its id
-            result["sampling_session_id"] = f"{model_id.split(':train:')[0]}:sample:{int(seq)}"
+            result["sampling_session_id"] = f"{session_of(model_id)}:sample:{int(seq)}"
             service.samplers[result["sampling_session_id"]] = Sampler(client.host, str(folder), client.requested_base, path,
                                                                   client.account, shared)
 

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 
 from rlflow.service.catalogue import UnknownModelError
 from rlflow.service.checkpoint_store import CheckpointStore
-from rlflow.service.service import TinkerService
+from rlflow.service.service import TinkerService, session_of
 
 API = "/api/v1"
 CHECKPOINT = f"{API}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}"
@@ -37,7 +37,7 @@ def add_rest_routes(app: FastAPI, store: CheckpointStore, service: TinkerService
     async def get_session(session_id: str, request: Request) -> dict:
         if service.sessions.get(session_id) != request.state.account:
             raise UnknownModelError(f"session {session_id!r} does not exist")
-        return {"training_run_ids": [model_id for model_id in service.clients if model_id.startswith(f"{session_id}:train:")],
+        return {"training_run_ids": [model_id for model_id in service.clients if session_of(model_id) == session_id],
                 "sampler_ids": [sampler_id for sampler_id in service.samplers if sampler_id.startswith(f"{session_id}:sample:")]}
 
     @app.get(f"{API}/training_runs")

@@ -43,6 +43,11 @@ PART_FLAGS = {"train_attn": "attention", "train_mlp": "mlp", "train_unembed": "u
 SAMPLING_SHAPE = LoraShape(1, ("attention",))  # the smallest, for a group started by a base model's sampler
 
 
+def session_of(model_id: str) -> str:
+    """The session a training client's id ``<session id>:train:<n>`` belongs to."""
+    return model_id.rsplit(":train:", 1)[0]
+
+
 class CapacityError(UserError, RuntimeError):
     """The request needs another worker group and the service already runs ``service.max_hosts``."""
 
@@ -297,8 +302,7 @@ class TinkerService:
         def prepare(client: Client) -> Callable[[], Payload]:
             pad_token_id = self.catalogue[client.model.base_model].pad_token_id
             if call.loss_fn == CUSTOM:
-                session_id = client.model.model_id.rsplit(":train:", 1)[0]
-                custom = self.custom_losses.get(call.loss_fn_config, session_id, client.account)
+                custom = self.custom_losses.get(call.loss_fn_config, session_of(client.model.model_id), client.account)
                 batch = training_batch(call.data, dict(custom.inputs[1:]), pad_token_id, self.max_seq_len)
                 batch.meta_info = {LOSS_FN.name: CUSTOM, CUSTOM_LOSS.name: custom}
             else:
@@ -378,4 +382,4 @@ class TinkerService:
             host.executor.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["CapacityError", "TinkerService"]
+__all__ = ["CapacityError", "TinkerService", "session_of"]
