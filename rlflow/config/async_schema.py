@@ -28,3 +28,4 @@ class AsyncTrainingConfig:
     trigger_parameter_sync_step: int = 1  # fully_async: actor updates between two weight publications
     require_batches: int = 1  # fully_async: generation calls a step's batch is split into (each sent on its own)
     partial_rollout: bool = False  # fully_async: a weight sync aborts the requests in flight, resumed with the new weights
+    restart_rollout: bool = False  # asynchronous modes: a rollout pool that dies is started again (at most 3 times)

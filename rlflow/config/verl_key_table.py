@@ -323,12 +323,12 @@ PPO_SECTIONS.append(("trainer (main_ppo only)", [
 PPO_SECTIONS.append(("async_training (verl: the one-step-off and fully-async recipes)", [
     (None, "async_training.mode", "sync | one_step_off | fully_async; verl picks a recipe's entry point instead"),
     (None, "async_training.rollout_correction", "asynchronous modes: token TIS unless algorithm.rollout_correction is set"),
-    ("async_training.staleness_threshold", "async_training.staleness_threshold", "counts actor updates (verl's "
-                                                                                 "fully-async trainer: a share of extra samples)"),
+    ("async_training.staleness_threshold", "async_training.staleness_threshold", "counts actor updates (verl: extra samples)"),
     ("async_training.trigger_parameter_sync_step", "async_training.trigger_parameter_sync_step", ""),
     ("async_training.require_batches", "async_training.require_batches", "generation calls a step's batch is split "
                                                                          "into (verl: mini-batches a step waits for)"),
     ("async_training.partial_rollout", "async_training.partial_rollout", ""),
+    (None, "async_training.restart_rollout", "a rollout pool that dies is started again (at most 3 times)"),
 ]))
 
 SFT_SECTIONS: list[tuple[str, list[Row]]] = [

@@ -5,7 +5,7 @@
 * ``fully_async``'s keys: a staleness bound of at least 0 versions, weights published at least every
   ``staleness_threshold + 1`` updates (else the samples of the next step wait for weights that never
   come), ``require_batches`` dividing the step's batch; partial rollouts in ``fully_async`` only, with the
-  whole model synced (not ``rollout.lora_sync=adapter``).
+  whole model synced (not ``rollout.lora_sync=adapter``); ``restart_rollout`` in an asynchronous mode only.
 * Rollout correction: the samples of an asynchronous mode come from an older policy than the one
   trained, so with ``async_training.rollout_correction`` (the default) and no correction configured,
   token-level truncated importance sampling is turned on at ``algorithm.rollout_correction``'s
@@ -42,6 +42,9 @@ def check_async_keys(config: DictConfig) -> None:
     if section.partial_rollout and section.mode != FULLY_ASYNC:
         raise ConfigError(f"config key 'async_training.partial_rollout': partial rollouts are part of "
                           f"async_training.mode={FULLY_ASYNC}, not {section.mode}")
+    if section.restart_rollout and section.mode == SYNC:
+        raise ConfigError("config key 'async_training.restart_rollout': restarts a dead rollout pool of an asynchronous "
+                          "mode; set async_training.mode=one_step_off or fully_async (a sync run ends with the worker named)")
     if section.partial_rollout and syncs_adapters(config.rollout):
         raise ConfigError("config key 'async_training.partial_rollout': a live weight sync loads the whole model; "
                           "rollout.lora_sync=adapter is not supported with it (set rollout.lora_sync=merged)")

@@ -5,7 +5,8 @@
 GAE, a ``Critic``. Weight sync is an in-process copy.
 
 ``split``: a pool per role. The rollout pool (``rollout.num_replicas`` processes) receives
-the actor's weights through the Ray object store after every update.
+the actor's weights through the Ray object store after every update. With
+``async_training.restart_rollout`` a rollout pool that dies is started again (``RolloutRestarts``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ from rlflow.config import ConfigError
 from rlflow.config.loading.engine_checks import check_engine_fits
 from rlflow.config.loading.timeouts import group_timeouts, resource_wait_s
 from rlflow.utils.registry import Registry
-from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerSpec
+from rlflow.utils.logging import get_logger
+from rlflow.workers import RayWorkerGroup, ResourcePool, RoleHandle, WorkerDiedError, WorkerSpec
+
+logger = get_logger(__name__)
+MAX_ROLLOUT_RESTARTS = 3  # a pool that keeps dying (out of memory at start, a bad node) ends the run after these
 
 
 # trainer.placement -> the function that starts its worker groups (config loading checks the key against it).
@@ -35,8 +40,21 @@ PLACEMENT_REGISTRY: Registry[Callable[[Any, Path, bool, bool], "PlacedRoles"]] =
 
 
 @dataclass
+class RolloutRestarts:
+    """``async_training.restart_rollout``: how to start a split rollout pool again, and how often it may be."""
+
+    start: Callable[[], RayWorkerGroup]
+    rollout_config: Any
+    limit: int = MAX_ROLLOUT_RESTARTS
+
+
+@dataclass
 class PlacedRoles:
-    """The controller's handles on each role, whichever groups host them."""
+    """The controller's handles on each role, whichever groups host them.
+
+    ``rollout_restarted_at``: the policy version each replacement of a dead rollout pool started with (empty
+    unless ``restarts`` is set and a pool died); calls sent to a replaced pool died with it and must be sent again.
+    """
 
     actor: RoleHandle
     rollout: RoleHandle
@@ -45,23 +63,59 @@ class PlacedRoles:
     reward_model: Optional[RoleHandle]
     colocated: bool
     groups: list[RayWorkerGroup] = field(default_factory=list)
+    restarts: Optional[RolloutRestarts] = None
+    rollout_restarted_at: list[int] = field(default_factory=list)
 
     def sync_weights(self, rollout_config: Any, version: int) -> dict[str, float]:
         """Push the actor's weights into every rollout replica, in the rollout's dtype (``rollout.dtype``), as policy
         ``version`` (its actor updates; a split replica keeps it for partial rollouts)."""
         if self.colocated:
             return self.actor.sync_weights()[0]
-        if syncs_adapters(rollout_config):
-            published = self.actor.publish_lora_adapter(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
-            return self.rollout.update_lora_adapter(published)[0]
-        refs = self.actor.publish_weights(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
-        return self.rollout.update_weights(refs, version)[0]
+        try:
+            if syncs_adapters(rollout_config):
+                published = self.actor.publish_lora_adapter(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
+                return self.rollout.update_lora_adapter(published)[0]
+            refs = self.actor.publish_weights(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
+            return self.rollout.update_weights(refs, version)[0]
+        except WorkerDiedError as error:
+            return self.replace_dead_rollout(error, version)
 
     def sync_weights_live(self, rollout_config: Any, version: int) -> dict[str, float]:
         """Split placement, partial rollouts: push the actor's weights into the rollout replicas while they generate
         (``RolloutWorker.update_weights_live``), as policy ``version``."""
-        refs = self.actor.publish_weights(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
-        return self.rollout.update_weights_live(refs, version)[0]
+        try:
+            refs = self.actor.publish_weights(rollout_config.weight_sync_bucket_mb, rollout_config.dtype)[0]
+            return self.rollout.update_weights_live(refs, version)[0]
+        except WorkerDiedError as error:
+            return self.replace_dead_rollout(error, version)
+
+    def generate(self, prompts: Any, version: int) -> Any:
+        """``rollout.generate_sequences(prompts)``, sent again to a new pool if the rollout pool dies (``version``: the
+        actor's current policy version, which the new pool starts with)."""
+        while True:
+            try:
+                return self.rollout.generate_sequences(prompts)
+            except WorkerDiedError as error:
+                self.replace_dead_rollout(error, version)
+
+    def replace_dead_rollout(self, error: WorkerDiedError, version: int) -> dict[str, float]:
+        """Start the rollout pool again after ``error`` killed one of its workers, loaded with the actor's current
+        weights as policy ``version``; returns that sync's metrics. ``error`` is raised again when it is not the
+        rollout pool's, restarts are off, or ``MAX_ROLLOUT_RESTARTS`` are used up."""
+        restarts, dead = self.restarts, self.rollout.group
+        if restarts is None or error.group != dead.name:
+            raise error
+        if len(self.rollout_restarted_at) >= restarts.limit:
+            logger.error("rollout pool '%s' died again after %d restarts; ending the run", dead.name, restarts.limit)
+            raise error
+        logger.warning("%s; starting rollout pool '%s' again (restart %d of at most %d, policy version %d)",
+                       str(error).splitlines()[0], dead.name, len(self.rollout_restarted_at) + 1, restarts.limit, version)
+        dead.shutdown(timeout_s=0.0)  # its live replicas may be mid-generation: no point waiting for them to close
+        group = restarts.start()
+        self.groups[self.groups.index(dead)] = group
+        self.rollout = group.role("main")
+        self.rollout_restarted_at.append(version)
+        return self.sync_weights(restarts.rollout_config, version)
 
     def free_rollout_memory(self, rollout_config: Any) -> None:
         """Colocated with ``rollout.free_cache_engine``: put the rollout engines to sleep for the
@@ -75,13 +129,15 @@ class PlacedRoles:
             group.shutdown()
 
 
-def _pool(trainer_config: Any, name: str, procs_per_node: int) -> ResourcePool:
+def _pool(trainer_config: Any, name: str, procs_per_node: int, wait_s: Optional[float] = None) -> ResourcePool:
+    """A pool of ``procs_per_node`` processes a node; it waits ``wait_s`` for the cluster's resources (default:
+    ``resource_wait_s``)."""
     return ResourcePool(
         procs_per_node=procs_per_node,
         nnodes=trainer_config.nnodes,
         cpus_per_proc=trainer_config.cpus_per_proc,
         device=trainer_config.device,
-        resource_wait_s=resource_wait_s(trainer_config),
+        resource_wait_s=resource_wait_s(trainer_config) if wait_s is None else wait_s,
         name=name,
     )
 
@@ -157,16 +213,23 @@ def _place_colocated(config: Any, model_path: Path, use_ref: bool, use_critic: b
 def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
     groups = []
 
-    def start(name: str, spec: WorkerSpec, procs: int) -> RoleHandle:
-        group = RayWorkerGroup(_pool(config.trainer, name, procs), spec, name=name, timeouts=group_timeouts(config.trainer.timeouts))
-        groups.append(group)
-        return group.role("main")
+    def group(name: str, spec: WorkerSpec, procs: int, wait_s: Optional[float] = None) -> RayWorkerGroup:
+        return RayWorkerGroup(_pool(config.trainer, name, procs, wait_s), spec, name=name,
+                              timeouts=group_timeouts(config.trainer.timeouts))
 
+    def start(name: str, spec: WorkerSpec, procs: int) -> RoleHandle:
+        groups.append(group(name, spec, procs))
+        return groups[-1].role("main")
+
+    procs = config.trainer.n_procs_per_node
+    rollout_spec = WorkerSpec(RolloutWorker, config.rollout, str(model_path))
+    rollout_procs = config.rollout.num_replicas or procs
+    restart_wait_s = float(config.trainer.timeouts.connect_s)  # until Ray frees the dead pool's resources
+    restarts = RolloutRestarts(lambda: group("rollout", rollout_spec, rollout_procs, restart_wait_s), config.rollout) \
+        if config.async_training.restart_rollout else None
     try:
-        procs = config.trainer.n_procs_per_node
         actor = start("actor", WorkerSpec(Actor, config.actor, str(model_path)), procs)
-        rollout = start("rollout", WorkerSpec(RolloutWorker, config.rollout, str(model_path)),
-                        config.rollout.num_replicas or procs)
+        rollout = start("rollout", rollout_spec, rollout_procs)
         ref = None
         if use_ref and reference_is_base_model(config.actor):
             ref = actor  # a LoRA actor is its own reference (its base model): no second copy of the model
@@ -179,5 +242,5 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
         for group in reversed(groups):
             group.shutdown()
         raise
-    return PlacedRoles(actor, rollout, ref, critic, reward_model, colocated=False, groups=groups)
+    return PlacedRoles(actor, rollout, ref, critic, reward_model, colocated=False, groups=groups, restarts=restarts)
 

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlflow.observability.tracking import Tracking
 from rlflow.trainer.phases import PhaseContext, validate
+from rlflow.trainer.phases.context import updates_before
 from rlflow.trainer.ppo_checkpoints import export_actor, resume, save_step
 from rlflow.trainer.ppo_setup import prepare_run, start_roles
 from rlflow.trainer.preemption import PreemptionFlag
@@ -58,7 +59,7 @@ class PPOTrainer:
         self.tracking = Tracking(trainer.project_name, trainer.experiment_name, trainer.logger,
                                  OmegaConf.to_container(self.config), trainer.default_local_dir, setup.total_steps)
         if trainer.val_before_train and start_step == 0 and setup.val_loader is not None:
-            self.tracking.log(validate(ctx, setup.val_loader), step=0)
+            self.tracking.log(validate(ctx, setup.val_loader, version=0), step=0)
         steps = TRAINING_MODE_REGISTRY.get(self.config.async_training.mode)(
             ctx, BatchSource(setup.train_loader), range(start_step + 1, setup.total_steps + 1))
         with PreemptionFlag() as preemption:
@@ -66,7 +67,7 @@ class PPOTrainer:
                 step, metrics = trained.step, trained.metrics
                 last = step == setup.total_steps
                 if setup.val_loader is not None and (last or (trainer.test_freq > 0 and step % trainer.test_freq == 0)):
-                    metrics.update(validate(ctx, setup.val_loader))
+                    metrics.update(validate(ctx, setup.val_loader, updates_before(ctx, step + 1)))
                 self.tracking.log(metrics, step=step)
                 if last or preemption.requested or (trainer.save_freq > 0 and step % trainer.save_freq == 0):
                     save_step(setup, ctx, step, trained.loader_state)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator
 from rlflow.config import ConfigError
 from rlflow.protocol import DataProto
 from rlflow.trainer.phases import PhaseContext, StepState, run_step
-from rlflow.trainer.async_producer import AsyncProducer, Pipeline, joined
+from rlflow.trainer.async_producer import AsyncProducer, Pipeline
 from rlflow.trainer.phases.context import updates_before
 from rlflow.trainer.phases.generate import staleness_metrics
 from rlflow.trainer.phases.sync import LIVE_WEIGHT_SYNC, WEIGHT_SYNC
@@ -106,20 +106,21 @@ def _pipelined_steps(ctx: PhaseContext, source: BatchSource, steps: range, pipel
     for step in steps:
         producer.fill()
         queued = len(producer.sent)
-        calls = producer.take(step)
-        drawn, version = calls[0].drawn, updates_before(ctx, step)
+        samples = producer.take(step)
+        drawn, version = samples.calls[0].drawn, updates_before(ctx, step)
         updates = StepState.begin(ctx, drawn.prompts, step).update_actor
         publish = updates and ((version + 1) % pipeline.trigger == 0 or step == steps[-1])
         weight_sync = (LIVE_WEIGHT_SYNC if pipeline.partial else WEIGHT_SYNC) if publish else None
-        metrics = run_step(ctx, drawn.prompts, step, joined(calls), weight_sync)
+        metrics = run_step(ctx, drawn.prompts, step, samples, weight_sync)
         if publish:
             producer.published = version + 1
         wall = max(time.perf_counter() - last_yield, 1e-9)
         generating = metrics.get("timing_s/generate", 0.0)  # the rollout's time on this step's samples
         metrics.update({"training/epoch": drawn.epoch, "async/queue_depth": queued,
                         "async/trainer_idle_fraction": metrics["timing_s/gen"] / wall,
-                        "async/rollout_idle_fraction": max(0.0, 1.0 - generating / wall)})
+                        "async/rollout_idle_fraction": max(0.0, 1.0 - generating / wall),
+                        "async/rollout_restarts": len(ctx.roles.rollout_restarted_at)})
         if not pipeline.partial:  # else each token's version came back with the samples (Generate's metrics)
-            metrics.update(staleness_metrics(version, [call.version for call in calls]))
+            metrics.update(staleness_metrics(version, [call.version for call in samples.calls]))
         yield TrainedStep(step, metrics, drawn.loader_state)
         last_yield = time.perf_counter()

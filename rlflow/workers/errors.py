@@ -64,13 +64,19 @@ def worker_error_from(exc: BaseException, rank: int, method: str, remote_traceba
 
 
 class WorkerDiedError(RuntimeError):
-    """A worker process died (killed, crashed, out of memory) while the controller waited on it."""
+    """A worker process died (killed, crashed, out of memory) while the controller waited on it; ``group``: the
+    name of its worker group, where known."""
 
-    def __init__(self, rank: int, method: str, reason: str):
+    def __init__(self, rank: int, method: str, reason: str, group: Optional[str] = None):
         self.rank = rank
         self.method = method
         self.reason = reason
-        super().__init__(f"worker rank {rank} died while running {method}: {reason}")
+        self.group = group
+        where = f" of worker group '{group}'" if group else ""
+        super().__init__(f"worker rank {rank}{where} died while running {method}: {reason}")
+
+    def __reduce__(self):  # keyword-rich __init__: pickle every field, not just the message
+        return type(self), (self.rank, self.method, self.reason, self.group)
 
 
 class WorkerTimeoutError(UserError, TimeoutError):

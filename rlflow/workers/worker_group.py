@@ -68,11 +68,11 @@ def gather(refs: Mapping[int, ray.ObjectRef], method: str, limit: CallLimit = NO
             raise WorkerTimeoutError(method, sorted(pending.values()), timeout_s, limit.phase, limit.config_key, group)
         for ref in ready:
             rank = pending.pop(ref)
-            results[rank] = _fetch(ref, rank, method)
+            results[rank] = _fetch(ref, rank, method, group)
     return results
 
 
-def _fetch(ref: ray.ObjectRef, rank: int, method: str) -> Any:
+def _fetch(ref: ray.ObjectRef, rank: int, method: str, group: str | None) -> Any:
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as err:
@@ -80,7 +80,7 @@ def _fetch(ref: ray.ObjectRef, rank: int, method: str) -> Any:
             raise err.cause from None
         raise worker_error_from(err.cause, rank, method, str(err)) from None
     except _DEATH_ERRORS as err:
-        raise WorkerDiedError(rank, method, str(err)) from None
+        raise WorkerDiedError(rank, method, str(err), group) from None
 
 
 def _in_order(results: dict[int, Any], ranks: list[int]) -> list[Any]:
@@ -136,6 +136,11 @@ class RoleHandle:
     @property
     def world_size(self) -> int:
         return self._group.world_size
+
+    @property
+    def group(self) -> "RayWorkerGroup":
+        """The worker group whose processes host this role."""
+        return self._group
 
     def submit(self, spec: MethodSpec, args: tuple, kwargs: dict) -> DataProtoFuture:
         """Dispatch one call by ``spec``'s mode and return the future of its collected result."""

@@ -25,16 +25,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import psutil
 import pytest
 
-from rlflow.data.tasks import build_task, write_task_files
-from rlflow.data.tasks.corpus import tokenizer_corpus
-from rlflow.models.presets import build_preset
 from rlflow.trainer.checkpoint import DRIVER_STATE
 from rlflow.utils.plugins import load_module_file
+from tests.faults.run_watch import logged_steps, phase_lines, wait_for, worker_hosts
 from tests.ppo.conftest import REPO, base_overrides, comparable, read_jsonl, run_main_ppo
 
 PLUGIN = Path(__file__).resolve().parent / "phase_plugin.py"
@@ -44,26 +41,18 @@ BOUND_S = 60.0  # from the fault to the documented outcome
 pytestmark = pytest.mark.full
 
 
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("matrix")
-    data = root / "addition"
-    write_task_files(build_task("addition", digits=2), data, n_train=64, n_val=8, seed=0)
-    return {"model": build_preset(root / "tiny", tokenizer_corpus(), preset="tiny", seed=0), "data": data}
-
-
-def overrides(assets: dict[str, Path], run_dir: Path) -> list[str]:
-    return base_overrides(assets["model"], assets["data"], run_dir) + [
+def overrides(fault_assets: dict[str, Path], run_dir: Path) -> list[str]:
+    return base_overrides(fault_assets["model"], fault_assets["data"], run_dir) + [
         f"trainer.plugins=[{PLUGIN}]", "actor.engine=phase_fsdp2", "rollout.name=phase_vllm",
         "data.val_files=[]", f"trainer.total_training_steps={TOTAL}", "trainer.save_freq=1",
     ]
 
 
 @pytest.fixture(scope="module")
-def reference(assets, tmp_path_factory) -> dict[int, dict]:
+def reference(fault_assets, tmp_path_factory) -> dict[int, dict]:
     """The uninterrupted run's metrics, by step."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
-    result = run_main_ppo(overrides(assets, run_dir))
+    result = run_main_ppo(overrides(fault_assets, run_dir))
     assert result.returncode == 0, result.stderr[-3000:]
     records = {record["step"]: record for record in read_jsonl(run_dir / "metrics.jsonl")}
     assert sorted(records) == list(range(1, TOTAL + 1))
@@ -74,38 +63,6 @@ def reference(assets, tmp_path_factory) -> dict[int, dict]:
 def complete_checkpoints(run_dir: Path) -> list[int]:
     return sorted(int(path.name.split("_")[-1]) for path in run_dir.glob("global_step_*")
                   if path.name.split("_")[-1].isdigit() and (path / DRIVER_STATE).is_file())
-
-
-def phase_lines(markers: Path, phase: str) -> list[tuple[int, float]]:
-    """(pid, time) of each entry into ``phase`` so far."""
-    path = markers / "phases"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [(int(pid), float(when)) for name, pid, when in (line.split() for line in lines) if name == phase]
-
-
-def logged_steps(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    return [record["step"] for record in read_jsonl(path)] if path.exists() else []
-
-
-def wait_for(proc: subprocess.Popen, ready: Callable[[], object], what: str, timeout: float = 900):
-    deadline = time.monotonic() + timeout
-    while not (value := ready()):
-        assert proc.poll() is None, f"main_ppo exited with {proc.returncode} before {what}:\n{proc.stdout.read()[-3000:]}"
-        assert time.monotonic() < deadline, f"never saw {what}"
-        time.sleep(0.05)
-    return value
-
-
-def worker_hosts(driver: int) -> list[psutil.Process]:
-    hosts = []
-    for child in psutil.Process(driver).children(recursive=True):
-        try:
-            if "WorkerHost" in " ".join(child.cmdline()):
-                hosts.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return hosts
 
 
 def all_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
@@ -137,11 +94,11 @@ CASES = {
 
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_killed_run_ends_as_documented_and_resumes_bit_exactly(case, assets, reference, tmp_path):
+def test_a_killed_run_ends_as_documented_and_resumes_bit_exactly(case, fault_assets, reference, tmp_path):
     target, phase, when = CASES[case]
     run_dir, markers = tmp_path / "run", tmp_path / "markers"
     markers.mkdir()
-    args = overrides(assets, run_dir)
+    args = overrides(fault_assets, run_dir)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", phases.MARKER_ENV: str(markers), phases.HOLD_ENV: phase}
     proc = subprocess.Popen([sys.executable, "-m", "rlflow.trainer.main_ppo", *args], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

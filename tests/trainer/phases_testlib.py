@@ -80,12 +80,14 @@ def stand_in_roles(config: Any, calls: list[tuple[str, Any]]) -> SimpleNamespace
         update_critic=Method("update_critic", calls, lambda d: {"critic/vf_loss": 0.3, "critic/optim_steps": 2.0,
                                                                 "critic/trailing_skipped_steps": 0.0}),
     )
-    return SimpleNamespace(
-        actor=actor, ref=actor, critic=critic, reward_model=None,
+    roles = SimpleNamespace(
+        actor=actor, ref=actor, critic=critic, reward_model=None, rollout_restarted_at=[],
         rollout=SimpleNamespace(generate_sequences=Method("generate_sequences", calls, generate_fn(config))),
         free_rollout_memory=Method("free_rollout_memory", calls, lambda cfg: None),
         sync_weights=Method("sync_weights", calls, lambda cfg, version: {"weight_sync/mb": 1.0}),
     )
+    roles.generate = lambda prompts, version: roles.rollout.generate_sequences(prompts)  # PlacedRoles.generate, no restarts
+    return roles
 
 
 def stand_in_reward(batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:

@@ -25,6 +25,7 @@ from rlflow.config import ConfigError
 from rlflow.trainer.phases.generate import token_version_metrics
 from rlflow.trainer.response_scoring import ResponseScorer
 from rlflow.trainer.training_modes import TRAINING_MODE_REGISTRY, BatchSource
+from rlflow.workers.errors import WorkerDiedError
 
 ASYNC = ["trainer.placement=split"]
 VARYING = ("timing_s/", "perf/", "async/")  # wall-clock figures, and the metrics sync mode does not report
@@ -64,14 +65,25 @@ def test_weights_are_published_every_trigger_updates_and_after_the_last_step():
 
 class InOrderRollout:
     """A stand-in rollout actor: its calls run one at a time in the order sent, on a thread of its own; a
-    generation call takes a random time and records the weights version that sampled each prompt's samples."""
+    generation call takes a random time and records the weights version that sampled each prompt's samples.
+    With ``lives``, it dies after that many generation calls: every call it runs from then on raises
+    ``WorkerDiedError``, as a dead Ray actor's calls do."""
 
-    def __init__(self, config: Any, version: int, rng: random.Random):
+    def __init__(self, config: Any, version: int, rng: random.Random, sampled_at: dict[str, int] | None = None,
+                 lives: int | None = None):
         self.pool = ThreadPoolExecutor(max_workers=1)
         self.version, self.rng, self.generate = version, rng, generate_fn(config)
-        self.sampled_at: dict[str, int] = {}
+        self.sampled_at = {} if sampled_at is None else sampled_at
+        self.lives = lives
+
+    def _check_alive(self, method: str) -> None:
+        if self.lives is not None and self.lives <= 0:
+            raise WorkerDiedError(0, method, "killed", group="rollout")
 
     def _generation(self, prompts: Any) -> Any:
+        self._check_alive("main.generate_sequences")
+        if self.lives is not None:
+            self.lives -= 1
         time.sleep(self.rng.uniform(0.0, 0.01))  # generation lengths differ from call to call
         output = self.generate(prompts)
         for uid in output.non_tensor_batch["uid"]:
@@ -83,9 +95,40 @@ class InOrderRollout:
 
     def sync_weights(self, rollout_config: Any, version: int) -> dict[str, float]:
         def load() -> dict[str, float]:
+            self._check_alive("main.update_weights")
             self.version = version
             return {"weight_sync/mb": 1.0}
         return self.pool.submit(load).result()  # waits for the generation calls sent before it, as Ray does
+
+
+class RestartingRollout:
+    """The rollout side of ``PlacedRoles`` with ``async_training.restart_rollout``, over stand-in pools: each pool
+    dies after the next of ``lives`` generation calls, and a dead one is replaced by a new pool holding the
+    trainer's weights (``replace_dead_rollout``), also when the death shows in a weight sync."""
+
+    def __init__(self, ctx: Any, version: int, rng: random.Random, lives: list[int]):
+        self.ctx, self.rng, self.lives = ctx, rng, list(lives)
+        self.sampled_at: dict[str, int] = {}
+        ctx.roles.sync_weights = self.sync_weights
+        ctx.roles.replace_dead_rollout = self.replace_dead_rollout
+        self._start(version)
+
+    def _start(self, version: int) -> None:
+        self.pool = InOrderRollout(self.ctx.config, version, self.rng, self.sampled_at,
+                                   self.lives.pop(0) if self.lives else None)
+        self.ctx.roles.rollout.generate_sequences = self.pool
+
+    def sync_weights(self, rollout_config: Any, version: int) -> dict[str, float]:
+        try:
+            return self.pool.sync_weights(rollout_config, version)
+        except WorkerDiedError as error:
+            return self.replace_dead_rollout(error, version)
+
+    def replace_dead_rollout(self, error: WorkerDiedError, version: int) -> dict[str, float]:
+        assert error.group == "rollout"
+        self.ctx.roles.rollout_restarted_at.append(version)
+        self._start(version)
+        return self.sync_weights(self.ctx.config.rollout, version)
 
 
 class NumberedLoader(StandInLoader):
@@ -103,14 +146,14 @@ class NumberedLoader(StandInLoader):
             yield prompts
 
 
-def _trained(overrides: list[str], steps: range, given: int, rng: random.Random) -> tuple[list[set[str]], Any, list]:
+def _trained(overrides: list[str], steps: range, given: int, rng: random.Random,
+             lives: list[int] = ()) -> tuple[list[set[str]], Any, list]:
     """Run ``steps``; per step the uids trained; the rollout; the yielded steps. The trainer's version before a
-    step is the number of steps before it (GRPO: every step updates)."""
+    step is the number of steps before it (GRPO: every step updates). ``lives``: the rollout pool dies after
+    that many generation calls, its replacement after the next number, and so on."""
     ctx = stand_in_context(ASYNC + ["async_training.mode=fully_async"] + overrides, [])
     scored: list[set[str]] = []
-    rollout = InOrderRollout(ctx.config, steps[0] - 1, rng)  # a resume loads the checkpoint's weights first
-    ctx.roles.rollout.generate_sequences = rollout
-    ctx.roles.sync_weights = rollout.sync_weights
+    rollout = RestartingRollout(ctx, steps[0] - 1, rng, lives)  # a resume loads the checkpoint's weights first
 
     def recording_reward(batch: Any) -> Any:
         scored.append(set(batch.non_tensor_batch["uid"]))
@@ -125,13 +168,17 @@ def _trained(overrides: list[str], steps: range, given: int, rng: random.Random)
     return scored, rollout, trained
 
 
+def _random_pipeline(rng: random.Random) -> list[str]:
+    bound = rng.randint(0, 3)
+    return [f"async_training.staleness_threshold={bound}",
+            f"async_training.trigger_parameter_sync_step={rng.randint(1, bound + 1)}",
+            f"async_training.require_batches={rng.choice([1, 2, 4])}"]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_no_sample_is_staler_than_the_bound_none_is_trained_twice_and_a_resume_trains_the_same_samples(seed):
     rng = random.Random(seed)
-    bound = rng.randint(0, 3)
-    overrides = [f"async_training.staleness_threshold={bound}",
-                 f"async_training.trigger_parameter_sync_step={rng.randint(1, bound + 1)}",
-                 f"async_training.require_batches={rng.choice([1, 2, 4])}"]
+    overrides = _random_pipeline(rng)
     last, kill_after = 7, rng.randint(1, 6)
     whole, _, _ = _trained(overrides, range(1, last + 1), 0, rng)
     every = [uid for uids in whole for uid in uids]
@@ -143,10 +190,24 @@ def test_no_sample_is_staler_than_the_bound_none_is_trained_twice_and_a_resume_t
     assert set().union(*before, *after) == set(every) and sum(map(len, before + after)) == len(every)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_rollout_pool_that_dies_is_replaced_and_every_sample_is_still_trained_once_within_the_bound(seed):
+    rng = random.Random(100 + seed)
+    overrides, last = _random_pipeline(rng), 7
+    whole, _, _ = _trained(overrides, range(1, last + 1), 0, rng)
+    lives = [rng.randint(0, 5) for _ in range(rng.randint(1, 3))]  # 0: the pool dies on its first call
+    restarted, _, trained = _trained(overrides, range(1, last + 1), 0, rng, lives)
+    every = [uid for uids in restarted for uid in uids]
+    assert len(every) == len(set(every)) and set(every) == set().union(*whole)  # none trained twice, none skipped
+    restarts = [step.metrics["async/rollout_restarts"] for step in trained]
+    assert restarts == sorted(restarts) and 1 <= restarts[-1] <= len(lives), (lives, restarts)
+
+
 @pytest.mark.parametrize("override, message", [
     ("async_training.trigger_parameter_sync_step=3", "must be 1..staleness_threshold + 1 (2), got 3"),
     ("async_training.require_batches=3", "must divide data.train_batch_size (4), got 3"),
     ("async_training.partial_rollout=true", "partial rollouts are part of async_training.mode=fully_async, not sync"),
+    ("async_training.restart_rollout=true", "restarts a dead rollout pool of an asynchronous mode"),
     ("async_training.mode=fully_async trainer.placement=split async_training.partial_rollout=true "
      "actor.engine.lora.rank=4 rollout.lora_sync=adapter", "rollout.lora_sync=adapter is not supported with it"),
 ])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from rlflow.meta_info import GLOBAL_STEP, METRICS, TEMPERATURE, VALIDATE
@@ -12,7 +14,7 @@ from rlflow.trainer.phases.base import BatchKeys, Phase, RolePass
 from rlflow.trainer.phases.columns import ROLLOUT_COLUMNS, ROLLOUT_LOG_PROBS
 from rlflow.trainer.phases.context import PhaseContext, StepState
 
-__all__ = ["Balance", "Generate", "GreedyBaselines", "SentGenerate", "staleness_metrics", "token_version_metrics"]
+__all__ = ["Balance", "Generate", "GreedyBaselines", "PendingSamples", "SentGenerate", "staleness_metrics", "token_version_metrics"]
 
 
 def staleness_metrics(trainer_version: int, sample_versions: list[int]) -> dict[str, float]:
@@ -73,12 +75,19 @@ class Generate(RolePass):
         return batch
 
 
+class PendingSamples(Protocol):
+    """Samples sent earlier (a ``DataProtoFuture``; ``fully_async``'s ``StepSamples``): ``get`` waits for them."""
+
+    def get(self) -> DataProto:
+        ...
+
+
 class SentGenerate(Phase):
     """A ``Generate`` sent earlier (``Generate.start``); running it waits for the samples."""
 
     name = Generate.name
 
-    def __init__(self, sent: DataProtoFuture):
+    def __init__(self, sent: PendingSamples):
         self.sent = sent
 
     def keys(self, ctx: PhaseContext, state: StepState) -> BatchKeys:
@@ -109,7 +118,7 @@ class GreedyBaselines(Phase):
     def run(self, ctx: PhaseContext, batch: DataProto, state: StepState) -> DataProto:
         prompts = state.prompts.select()
         prompts.meta_info.update({GLOBAL_STEP.name: state.step, VALIDATE.name: True})
-        greedy = ctx.roles.rollout.generate_sequences(prompts)
+        greedy = ctx.roles.generate(prompts, state.policy_version)
         METRICS.pop(greedy.meta_info)
         scores, _ = ctx.reward_manager(greedy)
         by_uid = dict(zip(greedy.non_tensor_batch["uid"].tolist(), scores.sum(-1).tolist()))

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rlflow.protocol import DataProto, DataProtoFuture
+from rlflow.protocol import DataProto
 from rlflow.trainer.phases.advantages import Advantages
 from rlflow.trainer.phases.base import Phase, StepRecord
 from rlflow.trainer.phases.context import PhaseContext, StepState
 from rlflow.trainer.phases.forward_passes import forward_passes
-from rlflow.trainer.phases.generate import Balance, Generate, GreedyBaselines, SentGenerate
+from rlflow.trainer.phases.generate import Balance, Generate, GreedyBaselines, PendingSamples, SentGenerate
 from rlflow.trainer.phases.rollout_correction import RolloutCorrection
 from rlflow.trainer.phases.scoring import Score
 from rlflow.trainer.phases.sync import WEIGHT_SYNC, RolloutSleep
@@ -27,7 +27,7 @@ from rlflow.trainer.ppo_metrics import step_end_metrics
 __all__ = ["run_step"]
 
 
-def run_step(ctx: PhaseContext, prompts: DataProto, step: int, sent: Optional[DataProtoFuture] = None,
+def run_step(ctx: PhaseContext, prompts: DataProto, step: int, sent: Optional[PendingSamples] = None,
              weight_sync: Optional[Phase] = WEIGHT_SYNC) -> dict[str, float]:
     """Step ``step`` on a batch of prompts; returns the step's metrics (``timing_s/<name>`` per timed block).
 
