@@ -210,6 +210,8 @@ class VLLMRollout(BaseRollout):
             self._llm.wake_up(tags=["weights"])
         weights = named_tensors if self._on_cpu else self._to_device_in_buckets(named_tensors)
         self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        if self._on_cpu:
+            self._llm.collective_rpc(vllm_cpu_compat.repack_tied_layers)
         self._llm.reset_prefix_cache()
         if self._asleep:
             self._llm.wake_up(tags=["kv_cache"])
