@@ -1,0 +1,71 @@
+"""RL through Ray at the megatron layouts beyond TP=2 x DP=1 (issue 44): DP=2 x TP=2 and PP=2.
+
+Each run is ``main_ppo`` on the 4-layer tiny presets (``tiny-qwen3``, ``tiny-llama``: 4 layers split into 2
+pipeline stages), 3 steps, colocated: mesh dispatch sends each data-parallel shard to its TP/PP group and
+collects from one rank of it, and after every update the sharded weights are gathered and synced into the
+vLLM replica of every process. The sync is checked by the rollout's own log-probs of its sampled tokens
+against the trainer's (``rollout/logprob_diff_max``), fp32 on both sides, on the steps after an update.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from conftest import base_overrides, read_jsonl, run_main_ppo
+
+from rlflow.data.tasks.corpus import tokenizer_corpus
+from rlflow.models.presets import build_preset
+
+pytestmark = [pytest.mark.full, pytest.mark.timeout(1800)]
+STEPS = 3
+SYNC_MAX = 1e-5  # the issue's bound: vLLM's log-prob of a sampled token vs the trainer's after a sync, fp32 on both sides
+COMMON = ["rollout=vllm", "rollout.calculate_log_probs=true", f"trainer.total_training_steps={STEPS}",
+          "trainer.resume_mode=disable", "actor.engine.optimizer.lr=1e-3", "data.val_files=[]"]
+
+
+@pytest.fixture(scope="module")
+def presets(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("presets")
+    return {name: build_preset(root / name, tokenizer_corpus(), preset=name, seed=0) for name in ("tiny-qwen3", "tiny-llama")}
+
+
+def megatron(role: str, tp: int = 1, pp: int = 1) -> list[str]:
+    """``role`` on megatron at ``tp`` x ``pp`` (data parallel: the rest of the processes)."""
+    return [f"{role}.engine=megatron", f"{role}.engine.tensor_model_parallel_size={tp}",
+            f"{role}.engine.pipeline_model_parallel_size={pp}"]
+
+
+def _run(model: Path, data: Path, run_dir: Path, extra: list[str]) -> list[dict]:
+    result = run_main_ppo(base_overrides(model, data, run_dir) + COMMON + extra, timeout=1500)
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    print("grad norm, rollout vs trainer log-prob difference (max) per step:",
+          [(r["actor/grad_norm"], r["rollout/logprob_diff_max"]) for r in records])
+    assert all(r["actor/grad_norm"] > 0 and r["weight_sync/mb"] > 0 for r in records)
+    assert all(r["rollout/logprob_diff_max"] <= SYNC_MAX for r in records[1:]), "a sync after an update is not exact"
+    return records
+
+
+LAYOUTS = {  # name -> (preset, processes, overrides)
+    "dp2xtp2": ("tiny-qwen3", 4, megatron("actor", tp=2) + megatron("ref", tp=2)),
+    "pp2": ("tiny-llama", 2, megatron("actor", pp=2) + megatron("ref", pp=2)),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_grpo_with_megatron_trains_and_syncs_exactly(layout, presets, addition_data, tmp_path):
+    preset, procs, overrides = LAYOUTS[layout]
+    _run(presets[preset], addition_data, tmp_path / "run", [
+        f"trainer.n_procs_per_node={procs}", f"trainer.cpus_per_proc={2 / procs}", "algorithm=grpo",
+        "actor.use_kl_loss=true", *overrides])
+
+
+def test_ppo_with_a_pipeline_parallel_critic(presets, addition_data, tmp_path):
+    records = _run(presets["tiny-llama"], addition_data, tmp_path / "run", [
+        "trainer.n_procs_per_node=2", "trainer.cpus_per_proc=1", "algorithm=ppo", *megatron("actor", pp=2),
+        *megatron("critic", pp=2), "critic.ppo_mini_batch_size=2", "critic.engine.optimizer.lr=1e-3"])
+    assert all(math.isfinite(r["critic/grad_norm"]) and r["critic/grad_norm"] > 0 for r in records)
+    assert records[0]["critic/vf_loss"] != records[-1]["critic/vf_loss"]
