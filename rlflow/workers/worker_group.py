@@ -242,7 +242,8 @@ class RayWorkerGroup:
         label = ", ".join(f"{role}.__init__" for role in specs)
         infos = self._gather({r: h.build.remote(*master, builds) for r, h in enumerate(self._hosts)}, label, init)
         self.workers: list[WorkerInfo] = [infos[rank] for rank in range(pool.world_size)]
-        logger.info("group '%s': %d worker(s), roles %s", self.name, pool.world_size, list(specs))
+        nodes = list(dict.fromkeys(info.node_id for info in self.workers))
+        logger.info("group '%s': %d worker(s) on node(s) %s, roles %s", self.name, pool.world_size, nodes, list(specs))
 
     @property
     def world_size(self) -> int:

@@ -51,8 +51,9 @@ def base_overrides(model: Path, data: Path, run_dir: Path) -> list[str]:
     ]
 
 
-def run_main_ppo(overrides: list[str], timeout: float = 600, **popen_kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def run_main_ppo(overrides: list[str], timeout: float = 600, env: dict[str, str] | None = None,
+                 **popen_kwargs) -> subprocess.CompletedProcess:
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     return subprocess.run([sys.executable, "-m", "rlflow.trainer.main_ppo", *overrides], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout, **popen_kwargs)
 
