@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from conftest import base_overrides, compose_ppo, run_main_ppo
+from one_line_errors import cli_refusal
 from rlflow.errors import UserError
 from rlflow.trainer.ppo_trainer import PPOTrainer
 
@@ -100,3 +101,13 @@ def _plain(value):
 def test_an_engine_layout_the_model_or_world_cannot_take(tiny_model, addition_data, tmp_path, extra, expected):
     """Checked by the engine class (``BaseEngine.check_model``) on the model folder, before any worker starts."""
     assert expected in start_up_error(base_overrides(tiny_model, addition_data, tmp_path) + extra)
+
+
+def test_a_tensor_parallel_rollout_is_one_line_before_ray(tmp_path):
+    """vLLM runs one engine inside each rollout worker (docs/platform.md, "vLLM tensor parallelism on the CPU"):
+    ``rollout.tensor_parallel_size=2`` exits 2 with the reason, within the refusal's CPU bound, Ray never started."""
+    line = cli_refusal(["-m", "rlflow.trainer.main_ppo", "rollout.tensor_parallel_size=2",
+                        f"trainer.ray_temp_dir={tmp_path / 'ray'}", f"trainer.default_local_dir={tmp_path / 'run'}"],
+                       ray_dir=tmp_path / "ray")
+    assert line.startswith("config key 'rollout.tensor_parallel_size': the vllm rollout runs one engine inside each "
+                           "rollout worker process"), line
