@@ -159,6 +159,12 @@ class BaseEngine(abc.ABC):
             raise EngineConfigError(f"engine {config.name!r} does not support {'; '.join(problems)}")
 
     @classmethod
+    def node_local_ranks(cls, config: EngineConfig) -> int:
+        """How many adjacent ranks must share a node: a tensor-parallel group exchanges activations in every layer,
+        which only a node's own links carry fast enough. 1 (the default): any rank may be on any node."""
+        return 1
+
+    @classmethod
     def check_model(cls, config: EngineConfig, model_path: str | Path, model_kind: str, world_size: int) -> None:
         """Raise ``EngineConfigError`` (one line) when this engine cannot run the model folder ``model_path`` on
         ``world_size`` ranks: a model it cannot build, or a parallel layout the model or the world cannot be

@@ -90,6 +90,9 @@ def _plain(value):
     return value
 
 
+TWO_NODES = ["trainer.nnodes=2", "trainer.n_procs_per_node=1", "trainer.ray_address=127.0.0.1:1"]  # never joined
+
+
 @pytest.mark.parametrize("extra, expected", [
     (["actor.engine=megatron", "actor.engine.tensor_model_parallel_size=3"],
      "config key 'actor.engine': tensor_model_parallel_size=3 must divide num_key_value_heads=2"),
@@ -97,6 +100,12 @@ def _plain(value):
      "config key 'actor.engine': tensor_model_parallel_size=1 x pipeline_model_parallel_size=2 must divide the 1 worker"),
     (["algorithm=ppo", "critic.ppo_mini_batch_size=2", "critic.engine=megatron", "critic.engine.pipeline_model_parallel_size=4"],
      "config key 'critic.engine': pipeline_model_parallel_size=4 is more stages than num_hidden_layers=3"),
+    (TWO_NODES + ["actor.engine=megatron", "actor.engine.tensor_model_parallel_size=2"],
+     "config key 'actor.engine': its tensor-parallel groups of 2 ranks would span nodes: trainer.n_procs_per_node=1 "
+     "is not a multiple of 2"),
+    (TWO_NODES + ["algorithm=ppo", "critic.ppo_mini_batch_size=2", "critic.engine=torchtitan",
+                  "critic.engine.tensor_parallel_size=2"],
+     "config key 'critic.engine': its tensor-parallel groups of 2 ranks would span nodes"),
 ])
 def test_an_engine_layout_the_model_or_world_cannot_take(tiny_model, addition_data, tmp_path, extra, expected):
     """Checked by the engine class (``BaseEngine.check_model``) on the model folder, before any worker starts."""

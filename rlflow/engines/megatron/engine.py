@@ -102,6 +102,10 @@ class MegatronEngine(DelegatingEngine):
         self.module: Optional[MegatronDDP] = None
 
     @classmethod
+    def node_local_ranks(cls, config: MegatronEngineConfig) -> int:
+        return config.tensor_model_parallel_size  # megatron's TP ranks are adjacent
+
+    @classmethod
     def check_model(cls, config: EngineConfig, model_path: str | Path, model_kind: str, world_size: int) -> None:
         plan, _ = cls._plan(config, Path(model_path), model_kind)
         stages = plan.layout.tensor_parallel * plan.layout.pipeline_parallel

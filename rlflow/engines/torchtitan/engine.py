@@ -116,6 +116,10 @@ class TorchtitanEngine(FullyShardEngine):
             raise EngineConfigError(f"torchtitan engine: {str(error).splitlines()[0]}") from None
 
     @classmethod
+    def node_local_ranks(cls, config: TorchtitanEngineConfig) -> int:
+        return config.tensor_parallel_size  # torchtitan's mesh puts TP innermost: adjacent ranks
+
+    @classmethod
     def checkpoint_hf_tensors(
         cls, state: Iterable[tuple[str, torch.Tensor]], model_files: Path
     ) -> Iterator[tuple[str, torch.Tensor]]:
