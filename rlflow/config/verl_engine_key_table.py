@@ -72,6 +72,8 @@ MEGATRON_ROWS: list[Row] = [
     ("pipeline_model_parallel_size", "pipeline_model_parallel_size", "megatron engine; it must divide the layer count"),
     ("param_offload", "param_offload", ""),
     ("optimizer_offload", "optimizer_offload", ""),
+    ("use_distributed_optimizer", "use_distributed_optimizer", "AdamW's state sharded over data parallelism (rlflow's "
+                                                               "own; false by default, verl: true)"),
     ("grad_offload", None, "param_offload moves the gradient buffers with the parameters"),
     ("seed", "seed", ""),
     ("virtual_pipeline_model_parallel_size", None, "no interleaved schedule: one model chunk per pipeline stage"),

@@ -37,6 +37,7 @@ CONSUMED_IN: dict[str, tuple[str, ...]] = {
     "<engine>.param_offload": ("rlflow/engines/common/optim/offload.py",),
     "<engine>.pipeline_model_parallel_size": ("rlflow/engines/megatron/engine.py",),
     "<engine>.tensor_model_parallel_size": ("rlflow/engines/megatron/engine.py",),
+    "<engine>.use_distributed_optimizer": ("rlflow/engines/megatron/engine.py",),
     "<engine>.seed": ("rlflow/engines/common/module_engine.py",),
     "<engine>.trust_remote_code": ("rlflow/engines/common/forward/hf_module.py",),
     "<engine>.use_remove_padding": ("rlflow/engines/common/forward/hf_module.py",),

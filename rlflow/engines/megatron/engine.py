@@ -57,6 +57,7 @@ from rlflow.engines.megatron.model import (GradBufferAdamW, HostParking, StagePl
                                           model_shape)
 from rlflow.engines.megatron.parallel import join_model_parallel
 from rlflow.engines.megatron.schedule import run_schedule
+from rlflow.engines.megatron.optimizer_shards import DataParallelShards
 from rlflow.engines.megatron.state import iter_whole_tensors, model_state, optimizer_state, whole_tensors_from_checkpoint
 from rlflow.engines.megatron.weights import hf_from_whole, tensor_parallel_dim
 from rlflow.engines.registry import ENGINE_REGISTRY
@@ -80,6 +81,7 @@ class MegatronEngineConfig(EngineConfig):
     make_vocab_size_divisible_by: int = 128  # the vocabulary is padded to a multiple of this x TP (megatron's rule)
     logprob_chunk_size: int = 1024  # tokens per chunk when computing log-probs (bounds the fp32 logits shard)
     bias_activation_fusion: bool = True  # megatron's fused SwiGLU (torch.compile; needs a C++ compiler on CPU)
+    use_distributed_optimizer: bool = False  # AdamW's state sharded over the data-parallel ranks (optimizer_shards.py)
 
     RANGES: ClassVar[Ranges] = {"tensor_model_parallel_size": AT_LEAST_1, "pipeline_model_parallel_size": AT_LEAST_1,
                                 "make_vocab_size_divisible_by": AT_LEAST_1, "logprob_chunk_size": AT_LEAST_1}
@@ -158,7 +160,12 @@ class MegatronEngine(DelegatingEngine):
         set_seed(cfg.seed + self.rank)
         self.stage = stage
         named = megatron_names(stage)
-        self.optimizer = GradBufferAdamW(build_adamw(named, {n for n, p in named if p.ndim < 2}, cfg.optimizer), self.module)
+        shards = DataParallelShards(named, self.ranks) if cfg.use_distributed_optimizer and self.ranks.dp_size > 1 else None
+        # what AdamW steps: the parameters, or this data-parallel rank's shares of them (no decay: 1-D parameters')
+        self.stepped = named if shards is None else shards.named()
+        no_decay = {n for n, p in named if p.ndim < 2} if shards is None else \
+            {shard.name for shard in shards.shards if shard.whole.ndim < 2}
+        self.optimizer = GradBufferAdamW(build_adamw(self.stepped, no_decay, cfg.optimizer), self.module, shards)
         # the clip norm counts each weight once: shards on every TP rank, replicated weights on TP rank 0,
         # and never the last stage's copy of tied embeddings
         self.norm_params = [
@@ -229,7 +236,8 @@ class MegatronEngine(DelegatingEngine):
     # ------------------------------------------------------------------ checkpoints and export
     def _state(self) -> dict[str, Any]:
         named = megatron_names(self.stage)
-        return {"model": model_state(named, self.ranks), "optim": optimizer_state(self.optimizer.optimizer, named, self.ranks)}
+        return {"model": model_state(named, self.ranks),
+                "optim": optimizer_state(self.optimizer.optimizer, self.stepped, self.ranks)}
 
     def save_checkpoint(self, path: str | Path) -> None:
         self._require_initialized()

@@ -8,13 +8,14 @@ HF weights (``weights.whole_from_hf`` then ``shard_of``).
 
 ``GradBufferAdamW`` is AdamW over the gradients megatron's DDP keeps in its contiguous buffers
 (``param.main_grad``): a plain torch optimizer would see no ``.grad`` at all (PLATFORM.md).
-``HostParking`` holds the parameters and those buffers in host memory while they are offloaded.
+With the distributed optimizer its AdamW steps this data-parallel rank's shares of the parameters
+(``optimizer_shards``). ``HostParking`` holds the parameters and those buffers in host memory while they are offloaded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from megatron.core.distributed import DistributedDataParallel as MegatronDDP
@@ -26,6 +27,7 @@ from transformers import PretrainedConfig
 from rlflow.engines.common.forward.hf_config import head_dim
 from rlflow.engines.megatron.architecture import ModelLayout, gpt_model_kwargs, layer_spec, padded_vocab_size
 from rlflow.engines.megatron.forward import StageForward
+from rlflow.engines.megatron.optimizer_shards import DataParallelShards
 from rlflow.engines.megatron.parallel import ParallelRanks
 from rlflow.engines.megatron.weights import ModelShape, global_name, shard_of, whole_from_hf
 from rlflow.models.value_models import value_head as value_head_of
@@ -89,11 +91,15 @@ def build_stage(plan: StagePlan, config: TransformerConfig, hf_model: nn.Module,
 
 
 class GradBufferAdamW:
-    """AdamW (``optimizer``) stepping on megatron DDP's grad buffers; what ``OptimizerStepper`` drives."""
+    """AdamW (``optimizer``) stepping on megatron DDP's grad buffers; what ``OptimizerStepper`` drives. With
+    ``shards`` (the distributed optimizer) the AdamW is over this data-parallel rank's shares of the parameters, and
+    a step ends by all-gathering every rank's shares."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, ddp: MegatronDDP) -> None:
-        self.optimizer, self.ddp = optimizer, ddp
+    def __init__(self, optimizer: torch.optim.Optimizer, ddp: MegatronDDP,
+                 shards: Optional[DataParallelShards] = None) -> None:
+        self.optimizer, self.ddp, self.shards = optimizer, ddp, shards
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.whole = self.params if shards is None else [param for _, param in shards.params]
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -104,12 +110,17 @@ class GradBufferAdamW:
         return self.optimizer.state
 
     def attach_grads(self) -> None:
-        """Point each parameter's ``.grad`` at its (reduced) ``main_grad`` for the clip and the step."""
-        for param in self.params:
+        """Point each parameter's ``.grad`` at its (reduced) ``main_grad`` for the clip norm, and each share's at its
+        elements for the step."""
+        for param in self.whole:
             param.grad = param.main_grad if param.main_grad.dtype == param.dtype else param.main_grad.to(param.dtype)
+        if self.shards is not None:
+            self.shards.attach_grads()
 
     def step(self) -> None:
         self.optimizer.step()
+        if self.shards is not None:
+            self.shards.gather()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
