@@ -3,7 +3,8 @@
 Each run is ``main_ppo`` on the 4-layer tiny presets (``tiny-qwen3``, ``tiny-llama``: 4 layers split into 2
 pipeline stages), 3 steps, colocated: mesh dispatch sends each data-parallel shard to its TP/PP group and
 collects from one rank of it, and after every update the sharded weights are gathered and synced into the
-vLLM replica of every process. The sync is checked by the rollout's own log-probs of its sampled tokens
+vLLM replica of every process; at DP=2 x TP=2 the actor's AdamW state is sharded over data parallelism
+(``use_distributed_optimizer``). The sync is checked by the rollout's own log-probs of its sampled tokens
 against the trainer's (``rollout/logprob_diff_max``), fp32 on both sides, on the steps after an update.
 """
 
@@ -50,7 +51,8 @@ def _run(model: Path, data: Path, run_dir: Path, extra: list[str]) -> list[dict]
 
 
 LAYOUTS = {  # name -> (preset, processes, overrides)
-    "dp2xtp2": ("tiny-qwen3", 4, megatron("actor", tp=2) + megatron("ref", tp=2)),
+    "dp2xtp2": ("tiny-qwen3", 4, megatron("actor", tp=2) + megatron("ref", tp=2)
+                + ["actor.engine.use_distributed_optimizer=true"]),  # AdamW's state sharded over the 2 DP ranks
     "pp2": ("tiny-llama", 2, megatron("actor", pp=2) + megatron("ref", pp=2)),
 }
 

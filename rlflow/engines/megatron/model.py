@@ -124,6 +124,8 @@ class GradBufferAdamW:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
+        for param in self.whole:  # megatron's backward hook adds a parameter's .grad into its main_grad
+            param.grad = None
         self.ddp.zero_grad_buffer()
 
 
