@@ -24,7 +24,7 @@ On CPU every megatron call runs inside ``cpu_compat.cpu_megatron()``.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Iterator, Optional
@@ -57,7 +57,7 @@ from rlflow.engines.megatron.model import (GradBufferAdamW, HostParking, StagePl
                                           model_shape)
 from rlflow.engines.megatron.parallel import join_model_parallel
 from rlflow.engines.megatron.schedule import run_schedule
-from rlflow.engines.megatron.optimizer_shards import DataParallelShards
+from rlflow.engines.megatron.optimizer_shares import OptimizerShares
 from rlflow.engines.megatron.state import iter_whole_tensors, model_state, optimizer_state, whole_tensors_from_checkpoint
 from rlflow.engines.megatron.weights import hf_from_whole, tensor_parallel_dim
 from rlflow.engines.registry import ENGINE_REGISTRY
@@ -81,7 +81,7 @@ class MegatronEngineConfig(EngineConfig):
     make_vocab_size_divisible_by: int = 128  # the vocabulary is padded to a multiple of this x TP (megatron's rule)
     logprob_chunk_size: int = 1024  # tokens per chunk when computing log-probs (bounds the fp32 logits shard)
     bias_activation_fusion: bool = True  # megatron's fused SwiGLU (torch.compile; needs a C++ compiler on CPU)
-    use_distributed_optimizer: bool = False  # AdamW's state sharded over the data-parallel ranks (optimizer_shards.py)
+    use_distributed_optimizer: bool = False  # AdamW's state sharded over the data-parallel ranks (optimizer_shares.py)
 
     RANGES: ClassVar[Ranges] = {"tensor_model_parallel_size": AT_LEAST_1, "pipeline_model_parallel_size": AT_LEAST_1,
                                 "make_vocab_size_divisible_by": AT_LEAST_1, "logprob_chunk_size": AT_LEAST_1}
@@ -93,14 +93,15 @@ class MegatronEngine(DelegatingEngine):
 
     config_class = MegatronEngineConfig
     config: MegatronEngineConfig
-    capabilities = frozenset({Capability.VALUE_MODEL})
+    capabilities = frozenset({Capability.VALUE_MODEL, Capability.MIXED_PRECISION})
 
     def __init__(self, config: MegatronEngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
         super().__init__(config, model_path, model_kind)
         self.kind = MODEL_KIND_REGISTRY.get(model_kind)
         self.plan, self.transformer_config = self._plan(config, self.model_path, model_kind)
         self.on_cpu = resolve_device_type(config.device) == "cpu"
-        self.dtype = resolve_dtype(config.dtype)
+        self.dtype = resolve_dtype(config.dtype)  # the weights AdamW steps (fp32 masters under mixed precision)
+        self.compute_dtype = resolve_dtype(config.param_dtype)  # the model's parameters and activations
         self.module: Optional[MegatronDDP] = None
 
     @classmethod
@@ -127,7 +128,7 @@ class MegatronEngine(DelegatingEngine):
         value_model = model_kind == "value"
         plan = StagePlan(hf, layout, value_model, tied=bool(hf.tie_word_embeddings) and not value_model,
                          logprob_chunk_size=config.logprob_chunk_size)
-        megatron_config = transformer_config(hf, layout, resolve_dtype(config.dtype), config.gradient_checkpointing,
+        megatron_config = transformer_config(hf, layout, resolve_dtype(config.param_dtype), config.gradient_checkpointing,
                                              config.bias_activation_fusion)
         on_cpu = resolve_device_type(config.device) == "cpu"
         if on_cpu and layout.tensor_parallel > 1 and megatron_config.attention_dropout > 0:
@@ -152,16 +153,21 @@ class MegatronEngine(DelegatingEngine):
                 cpu_rng_tracker()
             else:
                 tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
-            stage = build_stage(self.plan, self.transformer_config, hf_model, self.ranks, self.dtype)
+            # built in dtype, so that mixed precision's masters start from the checkpoint's weights, then cast
+            building = replace(self.transformer_config, params_dtype=self.dtype, pipeline_dtype=self.dtype)
+            stage = build_stage(self.plan, building, hf_model, self.ranks, self.dtype)
             del hf_model
             stage.to(self.device)
+            named = megatron_names(stage)
+            shards = self._optimizer_shares(named)
+            for param in stage.parameters():  # the parameters alone: buffers (rotary frequencies) keep theirs
+                param.data = param.data.to(self.compute_dtype)
             ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False)
             self.module = MegatronDDP(self.transformer_config, ddp_config, stage)
         set_seed(cfg.seed + self.rank)
         self.stage = stage
-        named = megatron_names(stage)
-        shards = DataParallelShards(named, self.ranks) if cfg.use_distributed_optimizer and self.ranks.dp_size > 1 else None
-        # what AdamW steps: the parameters, or this data-parallel rank's shares of them (no decay: 1-D parameters')
+        self.shards = shards
+        # what AdamW steps: the parameters, or this rank's shares of them (no decay: 1-D parameters')
         self.stepped = named if shards is None else shards.named()
         no_decay = {n for n, p in named if p.ndim < 2} if shards is None else \
             {shard.name for shard in shards.shards if shard.whole.ndim < 2}
@@ -182,6 +188,15 @@ class MegatronEngine(DelegatingEngine):
                   "pipeline_model_parallel_size": self.plan.layout.pipeline_parallel}
         self.checkpointer = EngineCheckpointer(setup_meta(cfg.name, self.model_kind, self.world_size, layout),
                                                self.stepper, self.rank, None, seed=cfg.seed)
+
+    def _optimizer_shares(self, named: list[tuple[str, torch.nn.Parameter]]) -> Optional[OptimizerShares]:
+        """What AdamW steps instead of the parameters: shares over data parallelism (the distributed optimizer),
+        fp32 masters (mixed precision), both, or nothing (None: the parameters themselves)."""
+        sharded = self.config.use_distributed_optimizer and self.ranks.dp_size > 1
+        mixed = self.compute_dtype != self.dtype
+        if not (sharded or mixed):
+            return None
+        return OptimizerShares(named, self.ranks, sharded, self.dtype if mixed else None)
 
     @property
     def mesh(self) -> EngineMesh:
@@ -236,8 +251,10 @@ class MegatronEngine(DelegatingEngine):
     # ------------------------------------------------------------------ checkpoints and export
     def _state(self) -> dict[str, Any]:
         named = megatron_names(self.stage)
-        return {"model": model_state(named, self.ranks),
-                "optim": optimizer_state(self.optimizer.optimizer, self.stepped, self.ranks)}
+        state = {"model": model_state(named, self.ranks),
+                 "optim": optimizer_state(self.optimizer.optimizer, self.stepped, self.ranks)}
+        masters = self.shards.named_masters() if self.shards is not None else {}
+        return {**state, "masters": masters} if masters else state
 
     def save_checkpoint(self, path: str | Path) -> None:
         self._require_initialized()

@@ -9,7 +9,7 @@ HF weights (``weights.whole_from_hf`` then ``shard_of``).
 ``GradBufferAdamW`` is AdamW over the gradients megatron's DDP keeps in its contiguous buffers
 (``param.main_grad``): a plain torch optimizer would see no ``.grad`` at all (PLATFORM.md).
 With the distributed optimizer its AdamW steps this data-parallel rank's shares of the parameters
-(``optimizer_shards``). ``HostParking`` holds the parameters and those buffers in host memory while they are offloaded.
+(``optimizer_shares``). ``HostParking`` holds the parameters and those buffers in host memory while they are offloaded.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from transformers import PretrainedConfig
 from rlflow.engines.common.forward.hf_config import head_dim
 from rlflow.engines.megatron.architecture import ModelLayout, gpt_model_kwargs, layer_spec, padded_vocab_size
 from rlflow.engines.megatron.forward import StageForward
-from rlflow.engines.megatron.optimizer_shards import DataParallelShards
+from rlflow.engines.megatron.optimizer_shares import OptimizerShares
 from rlflow.engines.megatron.parallel import ParallelRanks
 from rlflow.engines.megatron.weights import ModelShape, global_name, shard_of, whole_from_hf
 from rlflow.models.value_models import value_head as value_head_of
@@ -96,7 +96,7 @@ class GradBufferAdamW:
     a step ends by all-gathering every rank's shares."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, ddp: MegatronDDP,
-                 shards: Optional[DataParallelShards] = None) -> None:
+                 shards: Optional[OptimizerShares] = None) -> None:
         self.optimizer, self.ddp, self.shards = optimizer, ddp, shards
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.whole = self.params if shards is None else [param for _, param in shards.params]
@@ -120,7 +120,7 @@ class GradBufferAdamW:
     def step(self) -> None:
         self.optimizer.step()
         if self.shards is not None:
-            self.shards.gather()
+            self.shards.step_done()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
