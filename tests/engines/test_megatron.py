@@ -250,7 +250,6 @@ def test_what_the_engine_cannot_run_fails_in_one_line(models: dict[str, Path]) -
         "pipeline_model_parallel_size=5 is more stages than num_hidden_layers=4": {"pipeline_model_parallel_size": 5},
         "tensor_model_parallel_size=4 must divide num_key_value_heads=2": {"tensor_model_parallel_size": 4},
         "does not support lora": {"lora": {"rank": 4}},
-        "does not support mixed_precision": {"param_dtype": "bfloat16"},
     }
     for message, overrides in cases.items():
         with pytest.raises(EngineConfigError, match=message) as error:

@@ -3,8 +3,8 @@
 Two gloo ranks (DP = 2, the distributed optimizer on, so the masters are sharded too) train the ``tiny-qwen2``
 preset 3 steps at lr 1e-6, an update far below bf16's resolution of these weights:
 
-* with fp32 masters, every master moves, each bf16 parameter equals its master rounded to bf16, and the losses
-  stay within bf16's error of the fp32 run's;
+* with fp32 masters, every master moves, each bf16 parameter equals its master rounded to bf16, the losses
+  stay within bf16's error of the fp32 run's, and the export is the fp32 masters (near the fp32 run's weights);
 * all in bf16 (``dtype=param_dtype=bfloat16``, no masters) the same updates round away: next to no weight moves;
 * a fresh engine that loads the mixed run's checkpoint after step 2 takes the same step 3 (the masters restored).
 """
@@ -57,7 +57,9 @@ def suite(rank: int, world_size: int, model: Path, out: Path) -> None:
             if name == "mixed" and seed == SEEDS[1]:
                 engine.save_checkpoint(out / "mixed_after_step_2")
         shares = [(share.elements().clone(), share.param.detach().clone()) for share in engine.shards.shards]
+        exported = dict(engine.export_hf_weights())
         results[name] = {"losses": losses, "before": before, "after": _weights(engine), "shares": shares,
+                         "exported": {key: value.clone() for key, value in exported.items()},
                          "masters_before": masters_before, "masters": engine.shards.named_masters()}
         del engine
         gc.collect()
@@ -91,6 +93,10 @@ def test_fp32_masters_keep_updates_that_bf16_rounds_away(runs):
         print(f"elements an update moved: fp32 masters {kept_masters:.3f}, all-bf16 weights {kept_bf16:.3f}")
         assert kept_masters > 0.9 and kept_bf16 < 0.1, (kept_masters, kept_bf16)
         assert not bf16["masters"]  # no masters when the weights are the compute dtype
+        # the export is the fp32 masters, gathered from both ranks' shares
+        assert {tensor.dtype for tensor in mixed["exported"].values()} == {torch.float32}
+        assert all(float((mixed["exported"][k] - results["fp32"]["exported"][k]).abs().max()) < 1e-4
+                   for k in mixed["exported"])
 
 
 def test_a_checkpoint_of_the_masters_resumes_the_same_step(runs):

@@ -272,8 +272,12 @@ class MegatronEngine(DelegatingEngine):
         shape = model_shape(self.plan.hf, self.plan.layout)
         offsets = [self.plan.layer_offset(stage) for stage in range(self.plan.layout.pipeline_parallel)]
         skip = frozenset({_OUTPUT_LAYER} if self.plan.tied else ())  # HF writes tied embeddings once
+        named = megatron_names(self.stage)
+        if self.shards is not None and self.shards.masters:  # mixed precision: the fp32 weights, not their bf16 copy
+            masters = self.shards.whole_masters()
+            named = [(name, masters.get(id(param), param)) for name, param in named]
         with self.offloader.params_resident():
-            for name, whole in iter_whole_tensors(megatron_names(self.stage), self.ranks, offsets, skip, self.device):
+            for name, whole in iter_whole_tensors(named, self.ranks, offsets, skip, self.device):
                 for hf_name, tensor in hf_from_whole(name, whole, shape):
                     yield hf_name, tensor if dtype is None else tensor.to(dtype)
 

@@ -63,7 +63,7 @@ class OptimizerShares:
         self.params = [(name, param) for name, param in named_params if param.requires_grad]
         self.ranks = ranks
         self.parts, self.index = (ranks.dp_size, ranks.dp_rank) if sharded else (1, 0)
-        self.masters = master_dtype is not None
+        self.masters, self.master_dtype = master_dtype is not None, master_dtype
         self.shards: list[ParameterShare] = []
         for name, whole in self.params:
             start, stop = _share(whole.numel(), self.parts, self.index)
@@ -94,21 +94,36 @@ class OptimizerShares:
         if self.parts > 1:
             self._gather()
 
+    def whole_masters(self) -> dict[int, torch.Tensor]:
+        """Every trainable parameter whole in the masters' dtype, by ``id`` of the parameter: what an export of
+        mixed precision's weights reads (collective over the data-parallel group when sharded)."""
+        mine = {id(shard.whole): shard.param.detach() for shard in self.shards}
+        if self.parts == 1:
+            return {id(param): mine[id(param)].view(param.shape) for _, param in self.params}
+        wholes = [torch.empty(param.numel(), dtype=self.master_dtype, device=param.device) for _, param in self.params]
+        pieces = [mine.get(id(param), whole[:0]) for (_, param), whole in zip(self.params, wholes)]
+        self._all_gather(pieces, wholes)
+        return {id(param): whole.view(param.shape) for (_, param), whole in zip(self.params, wholes)}
+
     def _gather(self) -> None:
-        """One all-gather over the data-parallel group of every rank's shares, into the parameters."""
-        sizes = [math.ceil(param.numel() / self.parts) for _, param in self.params]
-        first = self.params[0][1]
-        local = torch.zeros(sum(sizes), dtype=first.dtype, device=first.device)
+        """Every rank's updated shares into every rank's parameters."""
+        wholes = [param.detach().view(-1) for _, param in self.params]
+        self._all_gather([whole[slice(*_share(whole.numel(), self.parts, self.index))] for whole in wholes], wholes)
+
+    def _all_gather(self, pieces: list[torch.Tensor], wholes: list[torch.Tensor]) -> None:
+        """Each rank's ``pieces[i]`` (its share of flat ``wholes[i]``, empty where it has none) into ``wholes[i]`` on
+        every rank: one all-gather over the data-parallel group."""
+        sizes = [math.ceil(whole.numel() / self.parts) for whole in wholes]
+        local = torch.zeros(sum(sizes), dtype=wholes[0].dtype, device=wholes[0].device)
         offset = 0
-        for (_, param), size in zip(self.params, sizes):
-            start, stop = _share(param.numel(), self.parts, self.index)
-            local[offset:offset + stop - start] = param.detach().view(-1)[start:stop]
+        for piece, size in zip(pieces, sizes):
+            local[offset:offset + piece.numel()] = piece
             offset += size
         gathered = torch.empty(self.parts * local.numel(), dtype=local.dtype, device=local.device)
         dist.all_gather_into_tensor(gathered, local, group=self.ranks.dp_group)
         for owner, block in enumerate(gathered.split(local.numel())):
             offset = 0
-            for (_, param), size in zip(self.params, sizes):
-                start, stop = _share(param.numel(), self.parts, owner)
-                param.detach().view(-1)[start:stop].copy_(block[offset:offset + stop - start])
+            for whole, size in zip(wholes, sizes):
+                start, stop = _share(whole.numel(), self.parts, owner)
+                whole[start:stop].copy_(block[offset:offset + stop - start])
                 offset += size
