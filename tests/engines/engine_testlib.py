@@ -191,6 +191,14 @@ def spawn(fn: Callable[..., None], world_size: int, *args: Any, backend: str = "
                        start_method="spawn")
 
 
+def spawned_results(suite: Callable[..., None], world_size: int, preset: str, root: Path) -> list[Any]:
+    """Build ``preset`` under ``root``, run ``suite(rank, world_size, model, root)`` on ``world_size`` gloo ranks, and
+    load what each rank saved as ``root / f"rank{rank}.pt"``."""
+    model = build_preset(root / preset, tokenizer_corpus(), preset=preset, seed=0)
+    spawn(suite, world_size, model, root)
+    return [torch.load(root / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)]
+
+
 # ---------------------------------------------------------------------------- plain reference
 def reference_model(model_path: Path, device: str = "cpu") -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa").to(device)

@@ -15,9 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine_testlib import engine_config, local_share, make_batch, new_engine, nll_token_mean, spawn
-from rlflow.data.tasks.corpus import tokenizer_corpus
-from rlflow.models.presets import build_preset
+from engine_testlib import engine_config, local_share, make_batch, new_engine, nll_token_mean, spawned_results
 
 TOLERANCE = 1e-6  # the bound on the losses; also a resumed step against the sharded run's own
 # Weights after 3 steps at lr 1e-2, measured 5.4e-6 apart: AdamW's vector kernels round a share that starts
@@ -63,10 +61,7 @@ def suite(rank: int, world_size: int, model: Path, out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> list[dict[Any, Any]]:
-    root = tmp_path_factory.mktemp("distributed_optimizer")
-    model = build_preset(root / "tiny-qwen2", tokenizer_corpus(), preset="tiny-qwen2", seed=0)
-    spawn(suite, 2, model, root)
-    return [torch.load(root / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    return spawned_results(suite, 2, "tiny-qwen2", tmp_path_factory.mktemp("distributed_optimizer"))
 
 
 def _max_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:

@@ -18,10 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine_testlib import engine_config, local_share, make_batch, new_engine, nll_token_mean, spawn
-from rlflow.data.tasks.corpus import tokenizer_corpus
+from engine_testlib import engine_config, local_share, make_batch, new_engine, nll_token_mean, spawned_results
 from rlflow.engines.megatron.model import megatron_names
-from rlflow.models.presets import build_preset
 
 SEEDS = (40, 41, 42)
 BF16_LOSS = 5e-3  # bf16 activations against fp32: measured 2e-4 on these losses
@@ -71,10 +69,7 @@ def suite(rank: int, world_size: int, model: Path, out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> list[dict[str, Any]]:
-    root = tmp_path_factory.mktemp("mixed_precision")
-    model = build_preset(root / "tiny-qwen2", tokenizer_corpus(), preset="tiny-qwen2", seed=0)
-    spawn(suite, 2, model, root)
-    return [torch.load(root / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    return spawned_results(suite, 2, "tiny-qwen2", tmp_path_factory.mktemp("mixed_precision"))
 
 
 def _moved_share(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
