@@ -48,17 +48,17 @@ def suite(rank: int, world_size: int, model: Path, out: Path) -> None:
     for name in DTYPES:
         engine = new_engine(_config(name), model)
         before = _weights(engine)
-        masters_before = {k: v.clone() for k, v in engine.shards.named_masters().items()}
+        masters_before = {k: v.clone() for k, v in engine.shares.named_masters().items()}
         losses = []
         for seed in SEEDS:
             losses.append(_step(engine, seed))
             if name == "mixed" and seed == SEEDS[1]:
                 engine.save_checkpoint(out / "mixed_after_step_2")
-        shares = [(share.elements().clone(), share.param.detach().clone()) for share in engine.shards.shards]
+        shares = [(share.elements().clone(), share.param.detach().clone()) for share in engine.shares.shares]
         exported = dict(engine.export_hf_weights())
         results[name] = {"losses": losses, "before": before, "after": _weights(engine), "shares": shares,
                          "exported": {key: value.clone() for key, value in exported.items()},
-                         "masters_before": masters_before, "masters": engine.shards.named_masters()}
+                         "masters_before": masters_before, "masters": engine.shares.named_masters()}
         del engine
         gc.collect()
     engine = new_engine(_config("mixed"), model)

@@ -13,7 +13,8 @@ What rlflow keeps and megatron's training loop would otherwise own (``docs/engin
 
 * the optimizer and LR schedule: rlflow's shared AdamW (no weight decay on 1-D parameters),
   stepping on DDP's grad buffers (``GradBufferAdamW``), its state replicated across the
-  data-parallel ranks rather than sharded as megatron's DistributedOptimizer shards it, with the
+  data-parallel ranks or, with ``use_distributed_optimizer``, sharded over them (rlflow's own sharding,
+  ``optimizer_shares.py``, with fp32 masters under mixed precision), with the
   clip norm taken over the tensor- and pipeline-parallel groups (each weight counted once);
 * checkpoints: DCP of each shard keyed by its place (``state.py``), through the shared checkpointer;
 * micro-batching and sequence packing: rlflow's planner and token streams.
@@ -159,19 +160,19 @@ class MegatronEngine(DelegatingEngine):
             del hf_model
             stage.to(self.device)
             named = megatron_names(stage)
-            shards = self._optimizer_shares(named)
+            shares = self._optimizer_shares(named)
             for param in stage.parameters():  # the parameters alone: buffers (rotary frequencies) keep theirs
                 param.data = param.data.to(self.compute_dtype)
             ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False)
             self.module = MegatronDDP(self.transformer_config, ddp_config, stage)
         set_seed(cfg.seed + self.rank)
         self.stage = stage
-        self.shards = shards
+        self.shares = shares
         # what AdamW steps: the parameters, or this rank's shares of them (no decay: 1-D parameters')
-        self.stepped = named if shards is None else shards.named()
-        no_decay = {n for n, p in named if p.ndim < 2} if shards is None else \
-            {shard.name for shard in shards.shards if shard.whole.ndim < 2}
-        self.optimizer = GradBufferAdamW(build_adamw(self.stepped, no_decay, cfg.optimizer), self.module, shards)
+        self.stepped = named if shares is None else shares.named()
+        no_decay = {n for n, p in named if p.ndim < 2} if shares is None else \
+            {shard.name for shard in shares.shares if shard.whole.ndim < 2}
+        self.optimizer = GradBufferAdamW(build_adamw(self.stepped, no_decay, cfg.optimizer), self.module, shares)
         # the clip norm counts each weight once: shards on every TP rank, replicated weights on TP rank 0,
         # and never the last stage's copy of tied embeddings
         self.norm_params = [
@@ -253,7 +254,7 @@ class MegatronEngine(DelegatingEngine):
         named = megatron_names(self.stage)
         state = {"model": model_state(named, self.ranks),
                  "optim": optimizer_state(self.optimizer.optimizer, self.stepped, self.ranks)}
-        masters = self.shards.named_masters() if self.shards is not None else {}
+        masters = self.shares.named_masters() if self.shares is not None else {}
         return {**state, "masters": masters} if masters else state
 
     def save_checkpoint(self, path: str | Path) -> None:
@@ -273,8 +274,8 @@ class MegatronEngine(DelegatingEngine):
         offsets = [self.plan.layer_offset(stage) for stage in range(self.plan.layout.pipeline_parallel)]
         skip = frozenset({_OUTPUT_LAYER} if self.plan.tied else ())  # HF writes tied embeddings once
         named = megatron_names(self.stage)
-        if self.shards is not None and self.shards.masters:  # mixed precision: the fp32 weights, not their bf16 copy
-            masters = self.shards.whole_masters()
+        if self.shares is not None and self.shares.masters:  # mixed precision: the fp32 weights, not their bf16 copy
+            masters = self.shares.whole_masters()
             named = [(name, masters.get(id(param), param)) for name, param in named]
         with self.offloader.params_resident():
             for name, whole in iter_whole_tensors(named, self.ranks, offsets, skip, self.device):

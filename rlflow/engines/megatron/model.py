@@ -92,14 +92,14 @@ def build_stage(plan: StagePlan, config: TransformerConfig, hf_model: nn.Module,
 
 class GradBufferAdamW:
     """AdamW (``optimizer``) stepping on megatron DDP's grad buffers; what ``OptimizerStepper`` drives. With
-    ``shards`` (the distributed optimizer) the AdamW is over this data-parallel rank's shares of the parameters, and
+    ``shares`` (the distributed optimizer or fp32 masters) the AdamW is over this data-parallel rank's shares of the parameters, and
     a step ends by all-gathering every rank's shares."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, ddp: MegatronDDP,
-                 shards: Optional[OptimizerShares] = None) -> None:
-        self.optimizer, self.ddp, self.shards = optimizer, ddp, shards
+                 shares: Optional[OptimizerShares] = None) -> None:
+        self.optimizer, self.ddp, self.shares = optimizer, ddp, shares
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.whole = self.params if shards is None else [param for _, param in shards.params]
+        self.whole = self.params if shares is None else [param for _, param in shares.params]
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -114,13 +114,13 @@ class GradBufferAdamW:
         elements for the step."""
         for param in self.whole:
             param.grad = param.main_grad if param.main_grad.dtype == param.dtype else param.main_grad.to(param.dtype)
-        if self.shards is not None:
-            self.shards.attach_grads()
+        if self.shares is not None:
+            self.shares.attach_grads()
 
     def step(self) -> None:
         self.optimizer.step()
-        if self.shards is not None:
-            self.shards.step_done()
+        if self.shares is not None:
+            self.shares.step_done()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)

@@ -64,32 +64,32 @@ class OptimizerShares:
         self.ranks = ranks
         self.parts, self.index = (ranks.dp_size, ranks.dp_rank) if sharded else (1, 0)
         self.masters, self.master_dtype = master_dtype is not None, master_dtype
-        self.shards: list[ParameterShare] = []
+        self.shares: list[ParameterShare] = []
         for name, whole in self.params:
             start, stop = _share(whole.numel(), self.parts, self.index)
             if stop > start:
                 view = whole.detach().view(-1)[start:stop]
                 param = nn.Parameter(view.to(master_dtype, copy=True) if self.masters else view)
-                self.shards.append(ParameterShare(f"{name}.dp{self.index}of{self.parts}", whole, start, stop, param))
+                self.shares.append(ParameterShare(f"{name}.dp{self.index}of{self.parts}", whole, start, stop, param))
 
     def named(self) -> list[tuple[str, nn.Parameter]]:
         """``(checkpoint name, share)`` of every share this rank steps: what its AdamW is built over."""
-        return [(shard.name, shard.param) for shard in self.shards]
+        return [(shard.name, shard.param) for shard in self.shares]
 
     def named_masters(self) -> dict[str, torch.Tensor]:
         """The master copies by checkpoint name (none without mixed precision: the parameters are the weights)."""
-        return {shard.name: shard.param.detach() for shard in self.shards} if self.masters else {}
+        return {shard.name: shard.param.detach() for shard in self.shares} if self.masters else {}
 
     def attach_grads(self) -> None:
         """Point each share's ``.grad`` at its elements of the parameter's (all-reduced, fp32) ``main_grad``."""
-        for shard in self.shards:
+        for shard in self.shares:
             grad = shard.whole.main_grad.view(-1)[shard.start:shard.stop]
             shard.param.grad = grad if grad.dtype == shard.param.dtype else grad.to(shard.param.dtype)
 
     def step_done(self) -> None:
         """After AdamW's step: master copies into the parameters, then every rank's shares into every rank's."""
         if self.masters:
-            for shard in self.shards:
+            for shard in self.shares:
                 shard.elements().copy_(shard.param.detach())
         if self.parts > 1:
             self._gather()
@@ -97,7 +97,7 @@ class OptimizerShares:
     def whole_masters(self) -> dict[int, torch.Tensor]:
         """Every trainable parameter whole in the masters' dtype, by ``id`` of the parameter: what an export of
         mixed precision's weights reads (collective over the data-parallel group when sharded)."""
-        mine = {id(shard.whole): shard.param.detach() for shard in self.shards}
+        mine = {id(shard.whole): shard.param.detach() for shard in self.shares}
         if self.parts == 1:
             return {id(param): mine[id(param)].view(param.shape) for _, param in self.params}
         wholes = [torch.empty(param.numel(), dtype=self.master_dtype, device=param.device) for _, param in self.params]
