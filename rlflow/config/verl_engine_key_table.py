@@ -15,6 +15,8 @@ Row = tuple[Optional[str], Optional[str], str]
 
 NO_OPTIMIZER = "not used: this role never takes an optimizer step"
 NOT_MEGATRON_MOE = "rlflow's megatron engine runs dense models (llama, qwen2, qwen3 families): no expert parallelism"
+ULYSSES = ("fsdp, fsdp2 with attn_implementation=sdpa_varlen or flash attention; max_token_len_per_micro_batch "
+           "counts the whole micro-batch (verl's per-GPU budget times this)")
 HF_WEIGHTS = "rlflow's megatron engine loads the HF folder (model.path) and converts it itself; its checkpoints are its own"
 
 OPTIM_ROWS: list[Row] = [
@@ -62,7 +64,7 @@ FSDP_ROWS: list[Row] = [
     ("seed", "seed", "rank r uses seed + r"),
     ("offload_policy", None, "param_offload / optimizer_offload"),
     ("use_orig_params", None, "the fsdp engine always uses use_orig_params=True"),
-    ("ulysses_sequence_parallel_size", None, "no sequence parallelism"),
+    ("ulysses_sequence_parallel_size", "ulysses_sequence_parallel_size", ULYSSES),
     ("use_torch_compile", "compile", "fsdp2 and torchtitan engines: torch.compile of each decoder layer (verl: of "
                                      "its entropy function); off by default (verl: on)"),
     ("full_determinism", None, "seeded runs reproduce by default (docs/reliability.md)"),

@@ -13,7 +13,7 @@ per mount (``verl_engine_key_table``).
 
 from __future__ import annotations
 
-from rlflow.config.verl_engine_key_table import EngineMount, Row
+from rlflow.config.verl_engine_key_table import ULYSSES, EngineMount, Row
 
 NO_PROFILER = "no profiler integration: run under nsys or torch.profiler yourself"
 REWARD_LOOP = ("rlflow scores with the reward model's own forward pass on its training engine "
@@ -108,7 +108,7 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (f"{ACTOR}grad_clip", "actor.engine.optimizer.grad_clip", ""),
         (f"{ACTOR}ppo_micro_batch_size", None, "deprecated in verl: actor.engine.micro_batch_size is per process"),
         (f"{ACTOR}data_loader_seed", None, "mini-batches are shuffled from trainer.seed + step"),
-        (f"{ACTOR}ulysses_sequence_parallel_size", None, "no sequence parallelism"),
+        (f"{ACTOR}ulysses_sequence_parallel_size", "actor.engine.ulysses_sequence_parallel_size", ULYSSES),
         (f"{ACTOR}checkpoint.save_contents", None, "a checkpoint always holds model, optimizer and extra state"),
         (f"{ACTOR}use_torch_compile", "actor.engine.compile", "fsdp2 and torchtitan engines: torch.compile of each "
                                                                "decoder layer; off by default (verl: on)"),
@@ -145,7 +145,7 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         ("critic.grad_clip", "critic.engine.optimizer.grad_clip", ""),
         ("critic.strategy", "critic.engine.name", ""),
         ("critic.model.trust_remote_code", "model.trust_remote_code", "one switch for every load of the run"),
-        ("critic.ulysses_sequence_parallel_size", None, "no sequence parallelism"),
+        ("critic.ulysses_sequence_parallel_size", "critic.engine.ulysses_sequence_parallel_size", ULYSSES),
         ("critic.profiler.*", None, NO_PROFILER),
     ]),
     ("reference (verl: actor_rollout_ref.ref)", [
@@ -154,7 +154,7 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "ref.engine.max_token_len_per_micro_batch", ""),
         ("actor_rollout_ref.ref.strategy", "ref.engine.name", ""),
         ("actor_rollout_ref.ref.use_torch_compile", "ref.engine.compile", ""),
-        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", None, "no sequence parallelism"),
+        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", "ref.engine.ulysses_sequence_parallel_size", ULYSSES),
         ("actor_rollout_ref.ref.entropy_from_logits_with_chunking", None, "log-probs are always computed in chunks of "
                                                                          "ref.engine.logprob_chunk_size tokens"),
         ("actor_rollout_ref.ref.profiler.*", None, NO_PROFILER),
@@ -381,11 +381,11 @@ SFT_SECTIONS: list[tuple[str, list[Row]]] = [
     ("engine (verl: optim, model.fsdp_config)", [
         ("optim.lr_scheduler", "engine.lr_scheduler.name", ""),
         ("use_remove_padding", "engine.use_remove_padding", "verl's default false, rlflow's true"),
-        ("ulysses_sequence_parallel_size", None, "no sequence parallelism"),
+        ("ulysses_sequence_parallel_size", "engine.ulysses_sequence_parallel_size", ULYSSES),
         ("engine.strategy", "engine.name", "verl's engine-based SFT trainer: fsdp | fsdp2 | megatron"),
         ("engine.fsdp_size", "engine.hybrid_replicate_size", "inverse view: verl names the shard group size, rlflow "
                                                              "the number of replicas (fsdp2 engine)"),
-        ("engine.ulysses_sequence_parallel_size", None, "no sequence parallelism"),
+        ("engine.ulysses_sequence_parallel_size", "engine.ulysses_sequence_parallel_size", ULYSSES),
         ("engine.context_parallel_size", None, "no context parallelism"),
         ("engine.virtual_pipeline_model_parallel_size", None, "no interleaved schedule: one model chunk per pipeline stage"),
         ("engine.use_mbridge", None, "rlflow's megatron engine converts the HF folder itself"),

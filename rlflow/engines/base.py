@@ -105,6 +105,7 @@ class Capability(str, enum.Enum):
     VALUE_MODEL = "value_model"  # model_kind="value": an HF classification model with one label (critic, reward model)
     RESHARD = "reshard"  # load_checkpoint takes a checkpoint written at another world size (same layout otherwise)
     LORA = "lora"  # lora.rank > 0: train low-rank adapters; the LoRA methods below work (docs/lora.md)
+    SEQUENCE_PARALLEL = "ulysses_sequence_parallel"  # ulysses_sequence_parallel_size > 1 splits sequences over ranks
 
 
 LossFn = Callable[[dict[str, torch.Tensor], DataProto, LossContext], "tuple[torch.Tensor, dict[str, float]]"]
@@ -153,6 +154,10 @@ class BaseEngine(abc.ABC):
             Capability.VALUE_MODEL: (model_kind == "value", "model_kind=value; host this model on another engine"),
             Capability.LORA: (config.lora.enabled, f"lora.rank={config.lora.rank}; set lora.rank=0 (full fine-tuning) "
                               "or use an engine with LoRA (fsdp, fsdp2)"),
+            Capability.SEQUENCE_PARALLEL: (
+                config.ulysses_sequence_parallel_size > 1,
+                f"ulysses_sequence_parallel_size={config.ulysses_sequence_parallel_size}; set it to 1 or use fsdp, fsdp2",
+            ),
         }
         problems = [f"{cap.value} ({fix})" for cap, (needs, fix) in needed.items() if needs and cap not in cls.capabilities]
         if problems:

@@ -35,12 +35,16 @@ __all__ = [
     "LoRAConfig",
     "OptimizerConfig",
     "StepHyperparams",
+    "ULYSSES_KERNELS",
     "config_from_mapping",
 ]
 
 # torch.optim.AdamW's kernels (names as torchtitan's optimizer.implementation): one fused kernel per
 # parameter group, multi-tensor ops over the parameter list, or a Python loop over the parameters.
 ADAMW_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
+# attention kernels that attend within each packed sequence with no mask: the ones Ulysses sequence parallelism can
+# hand whole sequences (rlflow.engines.common.forward.ulysses)
+ULYSSES_KERNELS = ("sdpa_varlen", "flash_attention_2", "flash_attention_3")
 
 
 class EngineConfigError(UserError, ValueError):
@@ -140,11 +144,13 @@ class EngineConfig:
     seed: int = 0  # base seed; rank r seeds torch/numpy/python with seed + r
     trust_remote_code: bool = False  # let the HF load run modeling code shipped in the folder (YAML: model.trust_remote_code)
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank > 0: train low-rank adapters only (docs/lora.md)
+    ulysses_sequence_parallel_size: int = 1  # > 1: split each micro-batch's tokens over this many ranks (docs/engines.md)
 
     # Numeric keys (rlflow.config.ranges); a subclass declares its own fields' ranges in its own RANGES.
     RANGES: ClassVar[Ranges] = {"micro_batch_size": AT_LEAST_1, "max_token_len_per_micro_batch": AT_LEAST_1,
                                 "forward_micro_batch_size": AT_LEAST_1,
-                                "forward_max_token_len_per_micro_batch": AT_LEAST_1, "seed": SEED}
+                                "forward_max_token_len_per_micro_batch": AT_LEAST_1, "seed": SEED,
+                                "ulysses_sequence_parallel_size": AT_LEAST_1}
 
     def range_checks(self) -> dict[str, bool]:
         """``{dotted key: value is legal}`` for what ``RANGES`` cannot say (lengths, names); a subclass adds its own
@@ -189,6 +195,20 @@ class HFModuleEngineConfig(EngineConfig):
             errors.append("share_prefix=true needs attn_implementation=sdpa_varlen and use_remove_padding=true "
                           "(only that kernel attends across a shared prefix), got "
                           f"attn_implementation={self.attn_implementation}, use_remove_padding={self.use_remove_padding}")
+        if self.ulysses_sequence_parallel_size > 1:
+            errors.extend(self._sequence_parallel_errors())
+        return errors
+
+    def _sequence_parallel_errors(self) -> list[str]:
+        size = f"ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size}"
+        errors = []
+        if self.attn_implementation not in ULYSSES_KERNELS or not self.use_remove_padding:
+            errors.append(f"{size} needs use_remove_padding=true and attn_implementation in {list(ULYSSES_KERNELS)} "
+                          "(a packed stream the ranks split, attended without a mask), got "
+                          f"attn_implementation={self.attn_implementation}, use_remove_padding={self.use_remove_padding}")
+        if self.share_prefix:
+            errors.append(f"{size} cannot run with share_prefix=true (a shared prefix predicts tokens away from "
+                          "its own slot); set share_prefix=false")
         return errors
 
 

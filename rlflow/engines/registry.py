@@ -55,8 +55,11 @@ def build_engine(
 def check_engine_model(
     config: EngineConfig | Mapping[str, Any], model_path: str | Path, model_kind: str, world_size: int
 ) -> None:
-    """``BaseEngine.check_model`` of the engine ``config`` names (its config validated first): before any worker
-    starts, whether the engine can run ``model_path`` on ``world_size`` ranks (``EngineConfigError`` if not)."""
+    """``BaseEngine.check_supported`` and ``check_model`` of the engine ``config`` names (its config validated
+    first): before any worker starts, whether the engine has what the config and the role's ``model_kind`` need and
+    can run ``model_path`` on ``world_size`` ranks (``EngineConfigError`` if not)."""
     name = config.name if isinstance(config, EngineConfig) else (config or {}).get("name")
     engine_cls = get_engine_cls(str(name))
-    engine_cls.check_model(config_from_mapping(engine_cls.config_class, config), model_path, model_kind, world_size)
+    engine_config = config_from_mapping(engine_cls.config_class, config)
+    engine_cls.check_supported(engine_config, model_kind)
+    engine_cls.check_model(engine_config, model_path, model_kind, world_size)

@@ -61,6 +61,7 @@ SPECIAL: dict[str, tuple[list[str], Any, dict[str, Any]]] = {
     "recompute_granularity": ([], "full", {"ppo_trainer": True}),
     "rollout.gpu_memory_utilization": ([], 0.37, {"ppo_trainer": 0.37}),
     "rollout.tensor_model_parallel_size": ([], 1, {"ppo_trainer": 1}),  # rlflow's only size: nothing else to carry
+    "ulysses_sequence_parallel_size": (["<padding>=True"], 2, {"ppo_trainer": 2, "sft_trainer": 2}),  # + sdpa_varlen
     "prompt_dict_keys": (["data.prompt_key=walk_col"], ["a", "b"], {"sft_trainer": "walk_col.a.b"}),
     "response_dict_keys": (["data.response_key=walk_col"], ["c"], {"sft_trainer": "walk_col.c"}),
     "lora_adapter_path": ([f"{ACTOR[:-6]}model.lora_rank=0"], "/walk/adapter", {"ppo_trainer": "/walk/adapter"}),  # a folder is read at rank > 0
@@ -79,6 +80,19 @@ SPECIAL: dict[str, tuple[list[str], Any, dict[str, Any]]] = {
     "async_training.partial_rollout": (["async_training.mode=fully_async", "trainer.hybrid_engine=False"], True,
                                        {"ppo_trainer": True}),  # a fully_async key, on split placement
 }
+# Ulysses needs remove-padding on its role: verl's key for it by the role's prefix (the reference keeps rlflow's default)
+REMOVE_PADDING = {"actor_rollout_ref.actor.": "actor_rollout_ref.model.use_remove_padding",
+                  "critic.": "critic.model.use_remove_padding", "actor_rollout_ref.ref.": None}
+
+
+def _placeholders(verl: str, context: list[str]) -> list[str]:
+    """``context`` with ``<optim>`` (the key's optimizer section) and ``<padding>`` (its role's remove-padding key)."""
+    optim = verl[: verl.rindex("optim.") + len("optim.")] if "optim." in verl else ""
+    padding = next((key for prefix, key in REMOVE_PADDING.items() if verl.startswith(prefix)), "use_remove_padding")
+    return [arg.replace("<optim>", optim).replace("<padding>", padding or "") for arg in context
+            if not (arg.startswith("<padding>") and padding is None)]
+
+
 # Where a value lands when that is not the table's rlflow key: config loading merges verl's external_lib into plugins.
 LANDS_IN = {"trainer.external_lib": "trainer.plugins"}
 
@@ -174,8 +188,7 @@ def probes(entry: str) -> list[Probe]:
         special = next((spec for end, spec in SPECIAL.items() if verl == end or verl.endswith("." + end)), None)
         if special is not None:
             context, value, expected = special
-            optim = verl[: verl.rindex("optim.") + len("optim.")] if "optim." in verl else ""
-            context = [arg.replace("<optim>", optim) for arg in context]
+            context = _placeholders(verl, context)
             targets = {rlflow_key(find_row(entry, key), key) for key in (arg.split("=")[0] for arg in context) if find_row(entry, key)}
             found.append(Probe(verl, ours, value, expected[entry], context, engine_needed(ours, verl), targets))
             continue

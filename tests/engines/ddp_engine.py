@@ -13,10 +13,12 @@ test processes have it too).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from rlflow.config.ranges import AT_LEAST_1, Ranges
 from rlflow.engines import Capability, ENGINE_REGISTRY, HFModuleEngineConfig, ModuleEngine
 
 __all__ = ["DDPTestEngine", "DDPTestEngineConfig"]
@@ -28,6 +30,8 @@ class DDPTestEngineConfig(HFModuleEngineConfig):
 
     name: str = "test_ddp"
     bucket_cap_mb: int = 25  # DDP gradient all-reduce bucket size
+
+    RANGES: ClassVar[Ranges] = {"bucket_cap_mb": AT_LEAST_1}
 
 
 @ENGINE_REGISTRY.register("test_ddp")

@@ -90,6 +90,7 @@ def _plain(value):
     return value
 
 
+SEQUENCE_PARALLEL = ["actor.engine.ulysses_sequence_parallel_size=2", "actor.engine.attn_implementation=sdpa_varlen"]
 TWO_NODES = ["trainer.nnodes=2", "trainer.n_procs_per_node=1", "trainer.ray_address=127.0.0.1:1"]  # never joined
 
 
@@ -101,11 +102,31 @@ TWO_NODES = ["trainer.nnodes=2", "trainer.n_procs_per_node=1", "trainer.ray_addr
     (["algorithm=ppo", "critic.ppo_mini_batch_size=2", "critic.engine=megatron", "critic.engine.pipeline_model_parallel_size=4"],
      "config key 'critic.engine': pipeline_model_parallel_size=4 is more stages than num_hidden_layers=3"),
     (TWO_NODES + ["actor.engine=megatron", "actor.engine.tensor_model_parallel_size=2"],
-     "config key 'actor.engine': its tensor-parallel groups of 2 ranks would span nodes: trainer.n_procs_per_node=1 "
-     "is not a multiple of 2"),
-    (TWO_NODES + ["algorithm=ppo", "critic.ppo_mini_batch_size=2", "critic.engine=torchtitan",
-                  "critic.engine.tensor_parallel_size=2"],
-     "config key 'critic.engine': its tensor-parallel groups of 2 ranks would span nodes"),
+     "config key 'actor.engine': its groups of 2 ranks that exchange activations in every layer (tensor or sequence "
+     "parallelism) would span nodes: trainer.n_procs_per_node=1 is not a multiple of 2"),
+    (TWO_NODES + ["actor.engine=torchtitan", "actor.engine.tensor_parallel_size=2"],
+     "config key 'actor.engine': its groups of 2 ranks that exchange activations in every layer"),
+    (["algorithm=ppo", "critic.ppo_mini_batch_size=2", "critic.engine=torchtitan"],
+     "config key 'critic.engine': engine 'torchtitan' does not support value_model"),
+    (TWO_NODES + SEQUENCE_PARALLEL, "config key 'actor.engine': its groups of 2 ranks that exchange activations"),
+    (SEQUENCE_PARALLEL, "config key 'actor.engine': ulysses_sequence_parallel_size=2 must divide the engine's 1 ranks"),
+    (SEQUENCE_PARALLEL + ["trainer.n_procs_per_node=4", "trainer.cpus_per_proc=0.5",
+                          "actor.engine.ulysses_sequence_parallel_size=4"],
+     "config key 'actor.engine': ulysses_sequence_parallel_size=4 must divide the model's attention heads (4) and "
+     "key/value heads (2)"),
+    (["actor.engine.ulysses_sequence_parallel_size=2"],
+     "ulysses_sequence_parallel_size=2 needs use_remove_padding=true and attn_implementation in ['sdpa_varlen', "
+     "'flash_attention_2', 'flash_attention_3']"),
+    (SEQUENCE_PARALLEL + ["actor.engine.share_prefix=true"],
+     "ulysses_sequence_parallel_size=2 cannot run with share_prefix=true"),
+    (["actor.engine=megatron", "actor.engine.ulysses_sequence_parallel_size=2"],
+     "config key 'actor.engine': engine 'megatron' does not support ulysses_sequence_parallel "
+     "(ulysses_sequence_parallel_size=2; set it to 1 or use fsdp, fsdp2)"),
+    (["algorithm=ppo", "critic.ppo_mini_batch_size=2", "critic.engine=megatron",
+      "critic.engine.ulysses_sequence_parallel_size=2"],
+     "config key 'critic.engine': engine 'megatron' does not support ulysses_sequence_parallel"),
+    (["actor.engine=torchtitan", "actor.engine.ulysses_sequence_parallel_size=2"],
+     "config key 'actor.engine': engine 'torchtitan' does not support ulysses_sequence_parallel"),
 ])
 def test_an_engine_layout_the_model_or_world_cannot_take(tiny_model, addition_data, tmp_path, extra, expected):
     """Checked by the engine class (``BaseEngine.check_model``) on the model folder, before any worker starts."""

@@ -57,14 +57,14 @@ def _check_within_a_node(local_ranks: int, cluster: Any) -> None:
     processes of a node."""
     if cluster.nnodes > 1 and cluster.n_procs_per_node % local_ranks:
         raise EngineConfigError(
-            f"its tensor-parallel groups of {local_ranks} ranks would span nodes: trainer.n_procs_per_node="
-            f"{cluster.n_procs_per_node} is not a multiple of {local_ranks} (tensor parallelism exchanges activations "
-            "in every layer; keep each group within a node)")
+            f"its groups of {local_ranks} ranks that exchange activations in every layer (tensor or sequence "
+            f"parallelism) would span nodes: trainer.n_procs_per_node={cluster.n_procs_per_node} is not a multiple of "
+            f"{local_ranks}; keep each group within a node")
 
 
 def check_engine_fits(config: Any, mount: str, model_path: str | Path, model_kind: str, world_size: int) -> None:
     """The engine at ``mount`` can run ``model_path`` on ``world_size`` ranks (``BaseEngine.check_model``) with its
-    tensor-parallel groups within a node, else one ``ConfigError`` line naming the key; called once the model folder
+    tensor- and sequence-parallel groups within a node, else one ``ConfigError`` line naming the key; called once the model folder
     exists and before any worker starts (for every role: config loading checks the policy's alone)."""
     node = OmegaConf.to_container(OmegaConf.select(config, mount), resolve=True)
     try:

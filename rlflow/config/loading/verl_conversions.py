@@ -158,6 +158,16 @@ def _replicas(args: VerlArgs, verl_key: str, ours: str, value: Any) -> Conversio
     return Conversion([(ours, world // value)], f"{world} ranks / shard groups of {value} = {world // value} replicas")
 
 
+@converts("ulysses_sequence_parallel_size")
+def _ulysses(args: VerlArgs, verl_key: str, ours: str, value: Any) -> Conversion:
+    if value is None or value == 1:
+        return Conversion([(ours, 1)])
+    kernel = f"{ours.rsplit('.', 1)[0]}.attn_implementation"
+    return Conversion([(ours, value), (kernel, "sdpa_varlen")],
+                      "with attn_implementation=sdpa_varlen: verl runs Ulysses on flash attention's variable-length "
+                      "kernel, rlflow on the portable one (flash_attention_2 where flash-attn is installed)")
+
+
 @converts("override_transformer_config.recompute_granularity")
 def _recompute(args: VerlArgs, verl_key: str, ours: str, value: Any) -> Conversion:
     if value is None:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from transformers import AutoConfig
 
 from rlflow.engines.base import Capability, EngineMesh, LossFn
 from rlflow.engines.common.checkpoint.checkpointing import (
@@ -36,6 +37,7 @@ from rlflow.engines.common.forward.forward_backward import run_forward_backward
 from rlflow.engines.common.forward.hf_module import forward_micro_batch, hf_named_tensors, load_forward_module
 from rlflow.engines.common.forward.lora import ADAPTER_CONFIG_FILE, LoraAdapters, adapters_disabled, is_adapter_param
 from rlflow.engines.common.forward.models import MODEL_KIND_REGISTRY, ForwardModule
+from rlflow.engines.common.forward.ulysses import SequenceParallel, check_heads
 from rlflow.engines.common.optim.offload import HostOffload
 from rlflow.engines.common.optim.optimizer_step import OptimizerStepper
 from rlflow.engines.common.optim.optimizers import build_adamw, move_optimizer_state, no_decay_names
@@ -51,7 +53,8 @@ class ModuleEngine(DelegatingEngine):
     config_class = HFModuleEngineConfig
     config: EngineConfig
     # RESHARD: the state is a DCP checkpoint of FQN-keyed state dicts, which DCP redistributes over any world size
-    capabilities = frozenset({Capability.MIXED_PRECISION, Capability.VALUE_MODEL, Capability.RESHARD, Capability.LORA})
+    capabilities = frozenset({Capability.MIXED_PRECISION, Capability.VALUE_MODEL, Capability.RESHARD, Capability.LORA,
+                              Capability.SEQUENCE_PARALLEL})
 
     @classmethod
     def check_supported(cls, config: EngineConfig, model_kind: str = "causal_lm") -> None:
@@ -59,6 +62,23 @@ class ModuleEngine(DelegatingEngine):
         if config.lora.enabled and model_kind != "causal_lm":
             raise EngineConfigError(f"lora.rank={config.lora.rank} on a {model_kind} model (critic, reward model) is not "
                                     "supported; set that engine's lora.rank=0")
+
+    @classmethod
+    def node_local_ranks(cls, config: EngineConfig) -> int:
+        return config.ulysses_sequence_parallel_size  # an SP group exchanges heads in every attention layer
+
+    @classmethod
+    def check_model(cls, config: EngineConfig, model_path: str | Path, model_kind: str, world_size: int) -> None:
+        size = config.ulysses_sequence_parallel_size
+        if size == 1:
+            return
+        if world_size % size:
+            raise EngineConfigError(f"ulysses_sequence_parallel_size={size} must divide the engine's {world_size} "
+                                    "ranks (one SP group of adjacent ranks per data-parallel rank)")
+        hf_config = AutoConfig.from_pretrained(model_path, local_files_only=True, trust_remote_code=config.trust_remote_code)
+        problem = check_heads(hf_config, size)
+        if problem:
+            raise EngineConfigError(problem)
 
     def __init__(self, config: EngineConfig, model_path: str | Path, model_kind: str = "causal_lm") -> None:
         super().__init__(config, model_path, model_kind)
@@ -69,8 +89,13 @@ class ModuleEngine(DelegatingEngine):
         cfg = self.config
         self.device, self.rank, self.world_size = join_process_group(cfg.device)
         self.group: Optional[dist.ProcessGroup] = None  # checkpoints and exports: every rank (the default group)
-        self.dp_group: Optional[dist.ProcessGroup] = None  # global batch counts: the data-parallel ranks (None: all)
         forward_module = self._load_forward_module()
+        self.sequence_parallel = SequenceParallel.build(cfg.ulysses_sequence_parallel_size, self.rank, self.world_size,
+                                                        forward_module.attn_implementation)
+        self.sequence_parallel.install(forward_module.model)
+        forward_module.sequence_parallel = self.sequence_parallel
+        # global batch counts: the data-parallel ranks (None: all; with SP, this rank's place in every SP group)
+        self.dp_group: Optional[dist.ProcessGroup] = self.sequence_parallel.dp_group
         self.lora: Optional[LoraAdapters] = forward_module.lora
         no_decay = no_decay_names(forward_module)
         self.hidden_size = forward_module.hidden_size
@@ -88,7 +113,8 @@ class ModuleEngine(DelegatingEngine):
     @property
     def mesh(self) -> EngineMesh:
         self._require_initialized()
-        return EngineMesh(dp_rank=self.rank, dp_size=self.world_size, is_collect=True)
+        size = self.sequence_parallel.size  # an SP group takes one data-parallel rank's data; its first rank collects
+        return EngineMesh(dp_rank=self.rank // size, dp_size=self.world_size // size, is_collect=self.sequence_parallel.rank == 0)
 
     def forward_backward(
         self, batch: DataProto, loss_fn: Optional[LossFn] = None, forward_only: bool = False

@@ -38,8 +38,8 @@ a shared prefix's last slot predicts the first token of each sequence that share
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
-from typing import Optional
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Optional
 
 import torch
 
@@ -101,12 +101,13 @@ class TokenStream:
     rows_shape: tuple[int, int]  # (b, T) of the micro-batch
     sequence_slots: Optional[torch.Tensor] = None  # sdpa_varlen's attention grid (varlen_sdpa.sequence_grid)
     token_slots: Optional[torch.Tensor] = None
+    attention_extras: dict[str, Any] = field(default_factory=dict)  # more for the attention function (ulysses.py)
 
-    def attention_kwargs(self) -> dict[str, torch.Tensor]:
-        """Keyword arguments of the model call that its attention function reads (sdpa_varlen's grid)."""
+    def attention_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the model call that its attention function reads (sdpa_varlen's grid, extras)."""
         if self.sequence_slots is None:
-            return {}
-        return {"sequence_slots": self.sequence_slots, "token_slots": self.token_slots}
+            return dict(self.attention_extras)
+        return {"sequence_slots": self.sequence_slots, "token_slots": self.token_slots, **self.attention_extras}
 
     @property
     def labels(self) -> torch.Tensor:

@@ -23,6 +23,7 @@ from transformers import PretrainedConfig
 from rlflow.engines.common.batching.packing import TokenStream
 from rlflow.engines.common.forward.logprob import chunked_log_probs
 from rlflow.engines.common.forward.lora import LoraAdapters
+from rlflow.engines.common.forward.ulysses import SequenceParallel
 from rlflow.models.loading import load_causal_lm, load_value_model
 from rlflow.models.value_models import per_token_values, value_model_export_config
 from rlflow.utils.registry import Registry
@@ -45,7 +46,10 @@ class ForwardModule(nn.Module):
     ``hidden_size`` sizes the packed rows of non-varlen attention (``packing.row_width``; None:
     rows as long as the longest sequence) and ``attn_implementation`` says which stream layout
     the model's attention takes (``packing.VARLEN_ATTENTION``: one row; otherwise rows). Both
-    default to the HF config's values. ``lora`` describes the LoRA adapters injected into ``model``, if any."""
+    default to the HF config's values. ``lora`` describes the LoRA adapters injected into ``model``, if any.
+    ``sequence_parallel`` splits each call's stream over an SP group (``ulysses``; the engine sets it)."""
+
+    sequence_parallel: SequenceParallel = SequenceParallel()
 
     def __init__(
         self,
@@ -82,19 +86,21 @@ class CausalLMForward(ForwardModule):
         return self.model.get_output_embeddings()
 
     def forward(self, stream: TokenStream, temperature: float, compute_entropy: bool) -> dict[str, torch.Tensor]:
-        hidden = self.hidden_states(stream)
-        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, stream.source_index)
+        shard = self.sequence_parallel.shard(stream)
+        hidden = self.hidden_states(shard.stream)
+        rows, labels = shard.prediction_rows()
+        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows)
         log_probs, entropy = chunked_log_probs(
             hidden,
             self.output_embeddings(),
-            stream.labels,
+            labels,
             temperature=temperature,
             chunk_size=self.logprob_chunk_size,
             compute_entropy=compute_entropy,
         )
-        outputs = {"log_probs": place_targets(log_probs, stream)}
+        outputs = {"log_probs": place_targets(shard.per_source(log_probs), stream)}
         if entropy is not None:
-            outputs["entropy"] = place_targets(entropy, stream)
+            outputs["entropy"] = place_targets(shard.per_source(entropy), stream)
         return outputs
 
 
@@ -102,9 +108,11 @@ class ValueForward(ForwardModule):
     """HF classification model with one label: the score head on every stream token."""
 
     def forward(self, stream: TokenStream, temperature: float, compute_entropy: bool) -> dict[str, torch.Tensor]:
-        values = per_token_values(self.model, stream.input_ids, stream.attention_mask, stream.position_ids,
-                                  **stream.attention_kwargs())
-        return {"values": stream.to_rows(values.reshape(-1))}
+        shard = self.sequence_parallel.shard(stream)
+        call = shard.stream
+        values = per_token_values(self.model, call.input_ids, call.attention_mask, call.position_ids,
+                                  **call.attention_kwargs())
+        return {"values": stream.to_rows(shard.per_slot(values.reshape(-1)))}
 
 
 def place_targets(per_target: torch.Tensor, stream: TokenStream) -> torch.Tensor:
