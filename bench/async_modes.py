@@ -12,7 +12,9 @@ Each contender trains the same number of samples. Wall-clock is the sum of the s
 after the first ``--warmup`` steps, which compile the actor's layers and vLLM's graphs; the target (issue 43)
 is one_step_off at least 1.3x faster than sync on the same split placement.
 
-    python bench/async_modes.py [--steps 8] [--warmup 2] [--out DIR] [--json PATH]
+    python bench/async_modes.py [--steps 8] [--warmup 2] [--preset 25m] [--new-tokens 64] [--out DIR] [--json PATH]
+
+``--preset`` / ``--new-tokens`` change the workload's model and response length (the default is the GRPO bench's).
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the wall-clock")
+    parser.add_argument("--preset", default=Workload.preset, help="the model preset (rlflow.models.presets)")
+    parser.add_argument("--new-tokens", type=int, default=Workload.new_tokens, help="new tokens per response")
     parser.add_argument("--out", default=None, help="work folder (default: a temp dir)")
     parser.add_argument("--json", default=None, help="write the result file (bench/results.py) here")
     args = parser.parse_args()
     print(machine_line())
-    workload = Workload()
+    workload = Workload(preset=args.preset, new_tokens=args.new_tokens)
     out = Path(args.out or tempfile.mkdtemp(prefix="async-bench-"))
     model, data = prepare_inputs(workload, out)
     wall: dict[str, float] = {}

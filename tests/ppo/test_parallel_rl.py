@@ -1,4 +1,4 @@
-"""RL through Ray at the megatron layouts beyond TP=2 x DP=1 (issue 44): DP=2 x TP=2 and PP=2.
+"""RL through Ray at the layouts beyond TP=2 x DP=1 (issue 44): megatron DP=2 x TP=2 and PP=2, torchtitan PP=2.
 
 Each run is ``main_ppo`` on the 4-layer tiny presets (``tiny-qwen3``, ``tiny-llama``: 4 layers split into 2
 pipeline stages), 3 steps, colocated: mesh dispatch sends each data-parallel shard to its TP/PP group and
@@ -50,15 +50,21 @@ def _run(model: Path, data: Path, run_dir: Path, extra: list[str]) -> list[dict]
     return records
 
 
+def torchtitan(role: str, pp: int) -> list[str]:
+    """``role`` on torchtitan with ``pp`` pipeline stages (torch's 1F1B schedule)."""
+    return [f"{role}.engine=torchtitan", f"{role}.engine.pipeline_parallel_size={pp}"]
+
+
 LAYOUTS = {  # name -> (preset, processes, overrides)
     "dp2xtp2": ("tiny-qwen3", 4, megatron("actor", tp=2) + megatron("ref", tp=2)
                 + ["actor.engine.use_distributed_optimizer=true"]),  # AdamW's state sharded over the 2 DP ranks
     "pp2": ("tiny-llama", 2, megatron("actor", pp=2) + megatron("ref", pp=2)),
+    "torchtitan_pp2": ("tiny-llama", 2, torchtitan("actor", pp=2) + torchtitan("ref", pp=2)),
 }
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_grpo_with_megatron_trains_and_syncs_exactly(layout, presets, addition_data, tmp_path):
+def test_grpo_trains_and_syncs_exactly(layout, presets, addition_data, tmp_path):
     preset, procs, overrides = LAYOUTS[layout]
     _run(presets[preset], addition_data, tmp_path / "run", [
         f"trainer.n_procs_per_node={procs}", f"trainer.cpus_per_proc={2 / procs}", "algorithm=grpo",

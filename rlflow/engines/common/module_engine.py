@@ -136,7 +136,8 @@ class ModuleEngine(DelegatingEngine):
     def save_checkpoint(self, path: str | Path) -> None:
         self._require_initialized()
         with self.offloader.resident(), self.checkpointer.save(path) as folder:
-            save_module_state(folder, self.module, self.optimizer, self.group, trainable_only=self.lora is not None)
+            save_module_state(folder, self.module, self.optimizer, self.group, trainable_only=self.lora is not None,
+                              by_name=self._ranks_hold_different_parameters())
             save_model_files(folder, self.model_path, self.group)
             if self.lora is not None and self.rank == 0:  # what rlflow-export names the adapters' peft folder with
                 (folder / ADAPTER_CONFIG_FILE).write_text(self.lora_adapter_config())
@@ -144,7 +145,8 @@ class ModuleEngine(DelegatingEngine):
     def load_checkpoint(self, path: str | Path) -> None:
         self._require_initialized()
         with self.checkpointer.load(path) as folder, self.offloader.resident():
-            load_module_state(folder, self.module, self.optimizer, self.group, trainable_only=self.lora is not None)
+            load_module_state(folder, self.module, self.optimizer, self.group, trainable_only=self.lora is not None,
+                              by_name=self._ranks_hold_different_parameters())
 
     def export_hf_weights(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
         self._require_initialized()
@@ -220,6 +222,11 @@ class ModuleEngine(DelegatingEngine):
     @abc.abstractmethod
     def _move_module(self, device: torch.device) -> None:
         """Move this rank's parameter shards and gradients to ``device``."""
+
+    def _ranks_hold_different_parameters(self) -> bool:
+        """Whether ranks hold different parameters (pipeline stages), not shards of the same ones: the checkpoint
+        then keys the optimizer's group settings by parameter name (``save_module_state``'s ``by_name``)."""
+        return False
 
     def _grad_reduce_deferral(self) -> Optional[Callable[[], AbstractContextManager[Any]]]:
         """A context manager factory that defers the gradient reduction of a micro-batch to the

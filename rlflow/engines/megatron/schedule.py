@@ -21,20 +21,19 @@ After a training pass, megatron DDP's data-parallel gradient all-reduce runs onc
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
-import torch.distributed as dist
 from megatron.core.distributed import DistributedDataParallel as MegatronDDP
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from rlflow.engines.base import LossFn
-from rlflow.engines.common.batching.micro_batching import MicroBatchPlan, plan_micro_batches
+from rlflow.engines.common.batching.micro_batching import plan_micro_batches
 from rlflow.engines.common.batching.packing import TokenStream
-from rlflow.engines.common.forward.forward_backward import MicroBatchMetrics, check_batch
-from rlflow.engines.common.forward.loss_scaling import GlobalCounts, global_counts, global_loss
+from rlflow.engines.common.forward.forward_backward import check_batch
+from rlflow.engines.common.forward.last_stage import LastStageRecord, PipelineGroup, stage_results
+from rlflow.engines.common.forward.loss_scaling import global_counts
 from rlflow.engines.config import EngineConfig
 from rlflow.engines.megatron.parallel import ParallelRanks
 from rlflow.meta_info import COMPUTE_ENTROPY, TEMPERATURE
@@ -48,28 +47,6 @@ class _MicroBatch:
     index: int
     data: DataProto
     stream: TokenStream
-
-
-class _LastStageRecord:
-    """What the last stage's loss functions see: per-token outputs, losses and metrics of each micro-batch."""
-
-    def __init__(self) -> None:
-        self.outputs: dict[str, list[torch.Tensor]] = defaultdict(list)
-        self.losses: list[torch.Tensor] = []
-        self.metrics = MicroBatchMetrics()
-
-    def loss_func(
-        self, micro: _MicroBatch, loss_fn: Optional[LossFn], counts: Optional[GlobalCounts], num_micro_batches: int,
-        outputs: dict[str, torch.Tensor],
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        for key, value in outputs.items():
-            self.outputs[key].append(value.detach())
-        if loss_fn is None:
-            return torch.zeros((), device=next(iter(outputs.values())).device), {}
-        loss, metrics = loss_fn(outputs, micro.data, counts.context(micro.index))
-        self.losses.append(loss.detach())
-        self.metrics.add(metrics)
-        return loss * num_micro_batches, {}  # the schedule divides by num_micro_batches
 
 
 def run_schedule(
@@ -98,12 +75,14 @@ def run_schedule(
         micro_batches.append(_MicroBatch(index, micro.to(device), stream))
     temperature = TEMPERATURE.read(batch.meta_info)
     compute_entropy = COMPUTE_ENTROPY.read(batch.meta_info)
-    record = _LastStageRecord()
+    record = LastStageRecord()
 
     def forward_step(data_iterator, stage_model):
         micro = next(data_iterator)
         output = stage_model(micro.stream, temperature, compute_entropy)
-        return output, lambda outputs: record.loss_func(micro, loss_fn, counts, len(plan.groups), outputs)
+        # the schedule divides each micro-batch's loss by their number: rlflow's losses already sum to the mini-batch's
+        return output, lambda outputs: (
+            record.loss(micro.index, micro.data, outputs, loss_fn, counts, scale=len(plan.groups)), {})
 
     with torch.set_grad_enabled(training):
         get_forward_backward_func()(
@@ -113,21 +92,5 @@ def run_schedule(
         )
     if training:
         model.finish_grad_sync()
-    return _results(record, plan, counts, ranks, device)
-
-
-def _results(record: _LastStageRecord, plan: MicroBatchPlan, counts: Optional[GlobalCounts], ranks: ParallelRanks,
-             device: torch.device) -> tuple[DataProto, dict[str, Any]]:
-    metrics: dict[str, Any] = record.metrics.means()
-    metrics["num_micro_batches"] = len(plan.groups)
-    if counts is not None:
-        metrics["loss"] = global_loss(record.losses, counts.dp_size, ranks.dp_group, device)
-        metrics["num_tokens"], metrics["num_seqs"] = counts.num_tokens, counts.num_seqs
-    if ranks.pp_size > 1:  # the last stage's loss and metrics, on every stage
-        shared = [metrics]
-        dist.broadcast_object_list(shared, src=ranks.pp_ranks[-1], group=ranks.pp_group)
-        metrics = shared[0]
-    if not ranks.is_collect:
-        return DataProto.from_dict({}), metrics
-    outputs = {key: plan.restore(torch.cat(parts)) for key, parts in record.outputs.items()}
-    return DataProto.from_dict(outputs), metrics
+    pipeline = PipelineGroup(ranks.pp_size, ranks.pp_group, ranks.pp_ranks[-1], ranks.is_collect)
+    return stage_results(record, plan, counts, ranks.dp_group, pipeline, device)

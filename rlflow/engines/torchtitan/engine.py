@@ -26,34 +26,47 @@ from __future__ import annotations
 import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, ClassVar, Iterable, Iterator, Optional
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import FullAC
+from torchtitan.distributed.pipeline_parallel import _split_module
 from torchtitan.models.common.attention import FlexAttention
 from torchtitan.models.common.decoder import Decoder
 from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 from transformers import AutoConfig
 
 from rlflow.config.ranges import AT_LEAST_1, Ranges
-from rlflow.engines.base import Capability, EngineMesh
+from rlflow.engines.base import Capability, EngineMesh, LossFn
 from rlflow.engines.common.batching.packing import document_causal_mask
+from rlflow.engines.common.forward.hf_module import micro_batch_stream
 from rlflow.engines.common.forward.models import FORWARD_PREFIX, ForwardModule
-from rlflow.engines.common.fsdp.fully_shard import FullyShardEngine
+from rlflow.engines.common.fsdp.fully_shard import FullyShardEngine, clip_grad_norm
 from rlflow.engines.common.optim.optimizers import clean_param_name
 from rlflow.engines.config import EngineConfig, EngineConfigError
 from rlflow.engines.registry import ENGINE_REGISTRY
 from rlflow.engines.torchtitan.architectures import AttentionConfig, TitanArchitecture, titan_architecture
 from rlflow.engines.torchtitan.cpu_compat import CPU_STREAM_ATTENTION, DenseMaskAttention, cpu_device_type
-from rlflow.engines.torchtitan.forward import TitanCausalLMForward
+from rlflow.engines.torchtitan.forward import TitanCausalLMForward, TitanPipelineStageForward
+from rlflow.engines.torchtitan.pipeline import (
+    PIPELINE_SCHEDULES,
+    PipelineRanks,
+    layer_count_error,
+    pipeline_tensors,
+    run_pipeline,
+    stage_module_names,
+)
 from rlflow.models.hf_checkpoint import load_causal_lm, require_model_folder, resolve_dtype
 from rlflow.utils.device import resolve_device_type
+from rlflow.protocol import DataProto
 from rlflow.utils.seed import set_seed
 
 __all__ = ["TorchtitanEngine", "TorchtitanEngineConfig"]
@@ -72,8 +85,11 @@ class TorchtitanEngineConfig(EngineConfig):
     fsdp_reshard_after_forward: str = "default"  # torchtitan's policy: default | always | never
     defer_grad_reduce: bool = True  # reduce-scatter gradients once per mini-batch, not per micro-batch
     compile: bool = False  # torch.compile each transformer block (GPU-first; see docs/engines.md)
+    pipeline_parallel_size: int = 1  # pipeline stages (torch's schedules); data-parallel size = world / (TP x this)
+    pipeline_parallel_schedule: str = "1F1B"  # 1F1B | GPipe
 
-    RANGES: ClassVar[Ranges] = {"tensor_parallel_size": AT_LEAST_1, "logprob_chunk_size": AT_LEAST_1}
+    RANGES: ClassVar[Ranges] = {"tensor_parallel_size": AT_LEAST_1, "logprob_chunk_size": AT_LEAST_1,
+                                "pipeline_parallel_size": AT_LEAST_1}
 
     def range_checks(self) -> dict[str, bool]:
         return {
@@ -81,7 +97,15 @@ class TorchtitanEngineConfig(EngineConfig):
             "param_dtype": self.param_dtype in _TITAN_PARAM_DTYPES,
             "reduce_dtype": self.reduce_dtype == "float32",
             "fsdp_reshard_after_forward": self.fsdp_reshard_after_forward in _RESHARD_POLICIES,
+            "pipeline_parallel_schedule": self.pipeline_parallel_schedule in PIPELINE_SCHEDULES,
         }
+
+    def combination_errors(self) -> list[str]:
+        errors = super().combination_errors()
+        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
+            errors.append(f"tensor_parallel_size={self.tensor_parallel_size} with pipeline_parallel_size="
+                          f"{self.pipeline_parallel_size}: the torchtitan engine runs one of the two at a time")
+        return errors
 
 
 @ENGINE_REGISTRY.register("torchtitan")
@@ -99,11 +123,9 @@ class TorchtitanEngine(FullyShardEngine):
         self.on_cpu = resolve_device_type(config.device) == "cpu"
         attention = DenseMaskAttention.Config if self.on_cpu else FlexAttention.Config
         self.architecture, self.model_config = _titan_model(self.folder, config.trust_remote_code, attention)
-        if config.tensor_parallel_size > 1 and self.model_config.enable_weight_tying:
-            raise EngineConfigError(
-                "torchtitan's tensor-parallel plan shards the tied input and output embeddings as two parameters "
-                "(they would train apart); use tensor_parallel_size=1 for a checkpoint with tie_word_embeddings=true"
-            )
+        problem = _layout_error(config, self.model_config)
+        if problem:
+            raise EngineConfigError(problem)
         self.parallelism = ParallelismConfig(
             tensor_parallel_degree=config.tensor_parallel_size,
             enable_sequence_parallel=False,  # packed rows of any width: no sequence sharding between layers
@@ -118,6 +140,17 @@ class TorchtitanEngine(FullyShardEngine):
     @classmethod
     def node_local_ranks(cls, config: TorchtitanEngineConfig) -> int:
         return config.tensor_parallel_size  # torchtitan's mesh puts TP innermost: adjacent ranks
+
+    @classmethod
+    def check_model(cls, config: TorchtitanEngineConfig, model_path: str | Path, model_kind: str, world_size: int) -> None:
+        _, model_config = _titan_model(require_model_folder(Path(model_path)), config.trust_remote_code,
+                                       FlexAttention.Config)
+        model_parallel = config.tensor_parallel_size * config.pipeline_parallel_size
+        problem = _layout_error(config, model_config) or (
+            f"tensor_parallel_size={config.tensor_parallel_size} x pipeline_parallel_size="
+            f"{config.pipeline_parallel_size} must divide the {world_size} ranks" if world_size % model_parallel else None)
+        if problem:
+            raise EngineConfigError(problem)
 
     @classmethod
     def checkpoint_hf_tensors(
@@ -143,10 +176,11 @@ class TorchtitanEngine(FullyShardEngine):
         model.tok_embeddings.padding_idx = hf_model.get_input_embeddings().padding_idx
         del hf_model
         set_seed(cfg.seed + self.rank)
+        forward_class = TitanPipelineStageForward if cfg.pipeline_parallel_size > 1 else TitanCausalLMForward
         if self.on_cpu:
-            return TitanCausalLMForward(model, cfg.logprob_chunk_size, CPU_STREAM_ATTENTION, document_causal_mask)
+            return forward_class(model, cfg.logprob_chunk_size, CPU_STREAM_ATTENTION, document_causal_mask)
         # one packed row: flex attention's block mask skips the blocks it masks
-        return TitanCausalLMForward(model, cfg.logprob_chunk_size, "flex_attention")
+        return forward_class(model, cfg.logprob_chunk_size, "flex_attention")
 
     def _hf_named_tensors(
         self, named_full_tensors: Iterator[tuple[str, torch.Tensor]], dtype: Optional[torch.dtype]
@@ -156,15 +190,21 @@ class TorchtitanEngine(FullyShardEngine):
     # ------------------------------------------------------------------ sharding hooks
     def _parallelize(self, module: ForwardModule) -> nn.Module:
         cfg = self.config
-        tp = cfg.tensor_parallel_size
-        if self.world_size % tp != 0:
-            raise EngineConfigError(f"tensor_parallel_size={tp} must divide the world size {self.world_size}")
-        self.parallel_dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=tp, pp=1, ep=1,
+        tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+        self.check_model(cfg, self.folder, self.model_kind, self.world_size)
+        self.parallel_dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=tp, pp=pp, ep=1,
                                           world_size=self.world_size, spmd_backend="partial_dtensor")
         with cpu_device_type() if self.on_cpu else nullcontext():
             self.parallel_dims.build_mesh()
         dp_mesh = self.parallel_dims.get_mesh("fsdp")
         self.dp_group = dp_mesh.get_group()
+        self.pipeline: Optional[PipelineRanks] = None
+        if pp > 1:  # this rank keeps its stage's modules only (torchtitan's split)
+            pp_group = self.parallel_dims.get_mesh("pp").get_group()
+            self.pipeline = PipelineRanks(self.parallel_dims.get_mesh("pp").get_local_rank(), pp_group,
+                                          tuple(dist.get_process_group_ranks(pp_group)), self.dp_group)
+            names = stage_module_names(len(self.model_config.layers), pp)[self.pipeline.stage]
+            module.model = _split_module(module.model, names)
         training = TrainingConfig(mixed_precision_param=cfg.param_dtype, mixed_precision_reduce=cfg.reduce_dtype)
         with tempfile.TemporaryDirectory(prefix="rlflow-titan-") as dump_folder:  # torchtitan's debug dumps only
             self.architecture.parallelize(
@@ -185,8 +225,36 @@ class TorchtitanEngine(FullyShardEngine):
                 unit.set_gradient_divide_factor(None)  # FSDP's default again: the mean over the data-parallel ranks
         return module
 
-    def _layout(self) -> dict[str, Any]:
-        return {"tensor_parallel_size": self.config.tensor_parallel_size}  # dp_shard = world size / TP
+    def _layout(self) -> dict[str, Any]:  # dp_shard = world size / (TP x PP)
+        pp = self.config.pipeline_parallel_size
+        return {"tensor_parallel_size": self.config.tensor_parallel_size, **({"pipeline_parallel_size": pp} if pp > 1 else {})}
+
+    # ------------------------------------------------------------------ pipeline parallelism (pipeline.py)
+    def forward_backward(
+        self, batch: DataProto, loss_fn: Optional[LossFn] = None, forward_only: bool = False
+    ) -> tuple[DataProto, dict[str, Any]]:
+        if self.pipeline is None:
+            return super().forward_backward(batch, loss_fn, forward_only)
+        self._require_initialized()
+        layout = partial(micro_batch_stream, config=self.config, attn_implementation=self.attn_implementation,
+                         hidden_size=self.hidden_size)
+        with self.offloader.params_resident():
+            return run_pipeline(batch, self.module, loss_fn, forward_only, self.config, self.pipeline, self.device,
+                                layout, self.config.pipeline_parallel_schedule)
+
+    def _iter_full_tensors(self, only: Optional[Callable[[str], bool]] = None) -> Iterator[tuple[str, torch.Tensor]]:
+        local = super()._iter_full_tensors(only)
+        if self.pipeline is None:
+            return local
+        names = [(name, tuple(param.shape), param.dtype) for name, param in self.module.named_parameters()
+                 if only is None or only(name)]
+        return pipeline_tensors(local, names, self.pipeline, self.device)
+
+    def _clip_grad_norm(self, max_norm: float) -> float:
+        return clip_grad_norm(self.module.parameters(), max_norm, self.pipeline.norm if self.pipeline else None)
+
+    def _ranks_hold_different_parameters(self) -> bool:
+        return self.pipeline is not None
 
     @property
     def mesh(self) -> EngineMesh:
@@ -194,7 +262,17 @@ class TorchtitanEngine(FullyShardEngine):
         self._require_initialized()
         dp_mesh = self.parallel_dims.get_mesh("fsdp")
         tp_rank = self.parallel_dims.get_mesh("tp").get_local_rank() if self.parallel_dims.tp_enabled else 0
-        return EngineMesh(dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size(), is_collect=tp_rank == 0)
+        last_stage = self.pipeline is None or self.pipeline.is_last
+        return EngineMesh(dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size(), is_collect=tp_rank == 0 and last_stage)
+
+
+def _layout_error(config: TorchtitanEngineConfig, model_config: Decoder.Config) -> Optional[str]:
+    """Why the model cannot take the config's tensor/pipeline layout (before any rank is known), or None."""
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(config, key) > 1 and model_config.enable_weight_tying:
+            return (f"{key}={getattr(config, key)} splits the tied input and output embeddings into two parameters "
+                    f"(they would train apart); use {key}=1 for a checkpoint with tie_word_embeddings=true")
+    return layer_count_error(len(model_config.layers), config.pipeline_parallel_size)
 
 
 def _titan_model(

@@ -17,9 +17,10 @@ from torch.distributed.tensor import DTensor
 from torchtitan.models.common.decoder import Decoder
 
 from rlflow.engines.common.batching.packing import TokenStream
+from rlflow.engines.common.forward.logprob import chunked_log_probs
 from rlflow.engines.common.forward.models import CausalLMForward
 
-__all__ = ["TitanCausalLMForward"]
+__all__ = ["TitanCausalLMForward", "TitanPipelineStageForward"]
 
 
 class TitanCausalLMForward(CausalLMForward):
@@ -44,6 +45,28 @@ class TitanCausalLMForward(CausalLMForward):
     def output_embeddings(self) -> Callable[[torch.Tensor], torch.Tensor]:
         head = self.model.lm_head
         return lambda hidden: _whole(head(hidden))
+
+
+class TitanPipelineStageForward(TitanCausalLMForward):
+    """One pipeline stage of the decoder (``self.model`` holds this stage's modules only), as the module torch's
+    pipeline stage calls: tensors in, tensors out. A stage before the last returns its hidden states; the last
+    returns ``[rows, width, k]``: the log-prob of each slot's ``labels`` token, and its entropy when
+    ``compute_entropy`` (k = 2). ``temperature`` and ``compute_entropy`` are set before each call: every input of
+    a pipeline stage must be a tensor."""
+
+    temperature: float = 1.0
+    compute_entropy: bool = False
+
+    def forward(self, inputs: torch.Tensor, positions: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        hidden = self.model(inputs, positions, self.attention_masks(positions))
+        if self.model.lm_head is None:
+            return hidden
+        rows, width, size = hidden.shape
+        log_probs, entropy = chunked_log_probs(hidden.reshape(-1, size), self.output_embeddings(), labels.reshape(-1),
+                                               temperature=self.temperature, chunk_size=self.logprob_chunk_size,
+                                               compute_entropy=self.compute_entropy)
+        per_slot = [log_probs] if entropy is None else [log_probs, entropy]
+        return torch.stack(per_slot, -1).reshape(rows, width, len(per_slot))
 
 
 def _whole(tensor: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from rlflow.engines.common.forward.models import source_files_to_copy
 from rlflow.engines.common.optim.optimizer_step import OptimizerStepper
@@ -226,24 +226,27 @@ class EngineCheckpointer:
 
 
 def save_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, group: Optional[dist.ProcessGroup],
-                      trainable_only: bool = False) -> None:
+                      trainable_only: bool = False, by_name: bool = False) -> None:
     """Model + optimizer state of a (DDP / FSDP / FSDP2-wrapped) module as a sharded DCP checkpoint
-    (``trainable_only``: the parameters that train, e.g. LoRA adapters, and not the frozen base)."""
-    model_state, optim_state = get_state_dict(module, optimizer)
+    (``trainable_only``: the parameters that train, e.g. LoRA adapters, and not the frozen base). ``by_name``:
+    the optimizer's group settings keyed by parameter name, not by group index, for ranks that hold different
+    parameters (pipeline stages: indexed groups of two stages would share one key and one value)."""
+    model_state, optim_state = get_state_dict(module, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=by_name))
     if trainable_only:
         model_state = _trainable_entries(model_state, module)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / MODEL_OPTIM_DIR), process_group=group)
 
 
 def load_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, group: Optional[dist.ProcessGroup],
-                      trainable_only: bool = False) -> None:
+                      trainable_only: bool = False, by_name: bool = False) -> None:
     """Load what ``save_module_state`` wrote into ``module`` and ``optimizer`` (DCP reshards to this world size);
-    with ``trainable_only`` the frozen parameters keep their current values."""
-    model_state, optim_state = get_state_dict(module, optimizer)
+    with ``trainable_only`` the frozen parameters keep their current values; ``by_name`` as it was saved."""
+    options = StateDictOptions(flatten_optimizer_state_dict=by_name)
+    model_state, optim_state = get_state_dict(module, optimizer, options=options)
     state = {"model": _trainable_entries(model_state, module) if trainable_only else model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(folder / MODEL_OPTIM_DIR), process_group=group)
     model_state.update(state["model"])
-    set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=state["optim"])
+    set_state_dict(module, optimizer, model_state_dict=model_state, optim_state_dict=state["optim"], options=options)
 
 
 def _trainable_entries(model_state: dict[str, Any], module: nn.Module) -> dict[str, Any]:

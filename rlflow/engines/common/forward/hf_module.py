@@ -22,7 +22,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 from torch import nn
 
-from rlflow.engines.common.batching.packing import make_token_stream
+from rlflow.engines.common.batching.packing import TokenStream, make_token_stream
 from rlflow.engines.common.batching.prefix_sharing import shared_prefix_stream, shares_prefix
 from rlflow.engines.common.forward.lora import add_lora_adapters
 from rlflow.engines.common.forward.models import FORWARD_PREFIX, ForwardModule, ModelKind
@@ -32,7 +32,7 @@ from rlflow.meta_info import COMPUTE_ENTROPY, TEMPERATURE
 from rlflow.protocol import DataProto
 from rlflow.utils.seed import set_seed
 
-__all__ = ["forward_micro_batch", "hf_named_tensors", "load_forward_module"]
+__all__ = ["forward_micro_batch", "hf_named_tensors", "load_forward_module", "micro_batch_stream"]
 
 
 def load_forward_module(kind: type[ModelKind], model_path: Path, config: HFModuleEngineConfig, rank: int) -> ForwardModule:
@@ -60,13 +60,19 @@ def forward_micro_batch(
     data-dependent shapes never synchronise the device. ``attn_implementation`` and ``hidden_size``
     (the ``ForwardModule``'s) choose the packed layout; with ``share_prefix`` (``HFModuleEngineConfig``) and a
     ``loss_mask`` the rows' shared prefixes are laid out once (``prefix_sharing``)."""
+    stream = micro_batch_stream(micro, config, attn_implementation, hidden_size)
+    return module(stream.to(device), TEMPERATURE.read(micro.meta_info), COMPUTE_ENTROPY.read(micro.meta_info))
+
+
+def micro_batch_stream(
+    micro: DataProto, config: EngineConfig, attn_implementation: str, hidden_size: Optional[int] = None
+) -> TokenStream:
+    """``micro``'s layout for one model call, on the host (``forward_micro_batch``'s, which says how)."""
     ids, mask, positions = micro.batch["input_ids"], micro.batch["attention_mask"], micro.batch.get("position_ids")
     if shares_prefix(config, micro):
-        stream = shared_prefix_stream(ids, mask, positions, micro.batch["loss_mask"])
-    else:
-        stream = make_token_stream(ids, mask, positions, remove_padding=config.use_remove_padding,
-                                   attn_implementation=attn_implementation, hidden_size=hidden_size)
-    return module(stream.to(device), TEMPERATURE.read(micro.meta_info), COMPUTE_ENTROPY.read(micro.meta_info))
+        return shared_prefix_stream(ids, mask, positions, micro.batch["loss_mask"])
+    return make_token_stream(ids, mask, positions, remove_padding=config.use_remove_padding,
+                             attn_implementation=attn_implementation, hidden_size=hidden_size)
 
 
 def hf_named_tensors(

@@ -76,8 +76,10 @@ def iter_full_tensors(module: nn.Module, only: Optional[Callable[[str], bool]] =
             yield name, full_tensor(param.detach())
 
 
-def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> float:
-    """Clip the gradients of ``params`` to the global L2 norm ``max_norm`` in place; return the norm before."""
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
+                   join: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> float:
+    """Clip the gradients of ``params`` to the global L2 norm ``max_norm`` in place; return the norm before.
+    ``join`` turns the norm of ``params`` into the whole model's (a pipeline stage's into every stage's)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
@@ -87,6 +89,8 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> float:
         groups.setdefault(key, []).append(grad)
     norms = [full_tensor(torch.nn.utils.get_total_norm(group)) for group in groups.values()]
     total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+    if join is not None:
+        total = join(total)
     # torch.nn.utils.clip_grads_with_norm_'s coefficient, in the norm's dtype; read with the norm in one transfer,
     # as a Python float that multiplies DTensor gradients too
     coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
