@@ -80,7 +80,7 @@ MEGATRON_ROWS: list[Row] = [
     ("seed", "seed", ""),
     ("virtual_pipeline_model_parallel_size", None, "no interleaved schedule: one model chunk per pipeline stage"),
     ("context_parallel_size", None, "no context parallelism"),
-    ("sequence_parallel", None, "no sequence parallelism"),
+    ("sequence_parallel", "sequence_parallel", "megatron engine, with tensor_model_parallel_size > 1"),
     ("expert_model_parallel_size", None, NOT_MEGATRON_MOE),
     ("expert_tensor_parallel_size", None, NOT_MEGATRON_MOE),
     ("use_dist_checkpointing", None, HF_WEIGHTS),

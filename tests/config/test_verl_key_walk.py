@@ -62,6 +62,7 @@ SPECIAL: dict[str, tuple[list[str], Any, dict[str, Any]]] = {
     "rollout.gpu_memory_utilization": ([], 0.37, {"ppo_trainer": 0.37}),
     "rollout.tensor_model_parallel_size": ([], 1, {"ppo_trainer": 1}),  # rlflow's only size: nothing else to carry
     "ulysses_sequence_parallel_size": (["<padding>=True"], 2, {"ppo_trainer": 2, "sft_trainer": 2}),  # + sdpa_varlen
+    "megatron.sequence_parallel": (["<megatron>tensor_model_parallel_size=2"], True, {"ppo_trainer": True}),  # TP > 1
     "prompt_dict_keys": (["data.prompt_key=walk_col"], ["a", "b"], {"sft_trainer": "walk_col.a.b"}),
     "response_dict_keys": (["data.response_key=walk_col"], ["c"], {"sft_trainer": "walk_col.c"}),
     "lora_adapter_path": ([f"{ACTOR[:-6]}model.lora_rank=0"], "/walk/adapter", {"ppo_trainer": "/walk/adapter"}),  # a folder is read at rank > 0
@@ -86,10 +87,12 @@ REMOVE_PADDING = {"actor_rollout_ref.actor.": "actor_rollout_ref.model.use_remov
 
 
 def _placeholders(verl: str, context: list[str]) -> list[str]:
-    """``context`` with ``<optim>`` (the key's optimizer section) and ``<padding>`` (its role's remove-padding key)."""
+    """``context`` with ``<optim>`` / ``<megatron>`` (the key's optimizer / megatron section) and ``<padding>`` (its
+    role's remove-padding key)."""
     optim = verl[: verl.rindex("optim.") + len("optim.")] if "optim." in verl else ""
+    megatron = verl[: verl.rindex("megatron.") + len("megatron.")] if "megatron." in verl else ""
     padding = next((key for prefix, key in REMOVE_PADDING.items() if verl.startswith(prefix)), "use_remove_padding")
-    return [arg.replace("<optim>", optim).replace("<padding>", padding or "") for arg in context
+    return [arg.replace("<optim>", optim).replace("<megatron>", megatron).replace("<padding>", padding or "") for arg in context
             if not (arg.startswith("<padding>") and padding is None)]
 
 

@@ -8,6 +8,7 @@ CONSUMED_IN: dict[str, tuple[str, ...]] = {
     "<engine>.bias_activation_fusion": ("rlflow/engines/megatron/engine.py",),
     "<engine>.compile": ("rlflow/engines/common/fsdp/layer_compile.py",),
     "<engine>.ulysses_sequence_parallel_size": ("rlflow/engines/common/module_engine.py",),
+    "<engine>.sequence_parallel": ("rlflow/engines/megatron/engine.py",),
     "<engine>.dtype": ("rlflow/engines/common/forward/hf_module.py",),
     "<engine>.param_dtype": ("rlflow/engines/fsdp2.py",),
     "<engine>.reduce_dtype": ("rlflow/engines/fsdp2.py",),

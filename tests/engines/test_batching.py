@@ -63,6 +63,22 @@ def test_packed_rows_reset_positions_and_unpack() -> None:
     assert padded.input_ids is ids and torch.equal(_targets_as_rows(padded), predicted)
 
 
+@pytest.mark.parametrize("remove_padding", [True, False])
+def test_a_widened_stream_keeps_every_token_and_target(remove_padding: bool) -> None:
+    """``TokenStream.widened`` (megatron's sequence parallelism): rows padded to a multiple, filler columns a
+    document of their own from position 0, the same tokens, targets and rows back."""
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 0, 0, 0], [1, 2, 3, 4, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
+    stream = make_token_stream(ids, mask, None, remove_padding=remove_padding)
+    wide = stream.widened(4)
+    rows, width = stream.input_ids.shape
+    assert wide.input_ids.shape == (rows, 8) and torch.equal(wide.input_ids[:, :width], stream.input_ids)
+    assert wide.position_ids[:, width:].tolist() == [[0, 1, 2]] * rows and not wide.input_ids[:, width:].any()
+    assert torch.equal(wide.to_rows(wide.input_ids.reshape(-1)), ids * mask)
+    assert torch.equal(_targets_as_rows(wide), _targets_as_rows(stream)) and torch.equal(wide.labels, stream.labels)
+    assert stream.widened(5) is stream
+
+
 def test_packed_rows_fill_the_tail_with_a_separate_block() -> None:
     ids = torch.arange(1, 13).reshape(3, 4)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])

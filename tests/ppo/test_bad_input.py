@@ -125,6 +125,8 @@ TWO_NODES = ["trainer.nnodes=2", "trainer.n_procs_per_node=1", "trainer.ray_addr
     (["algorithm=ppo", "critic.ppo_mini_batch_size=2", "critic.engine=megatron",
       "critic.engine.ulysses_sequence_parallel_size=2"],
      "config key 'critic.engine': engine 'megatron' does not support ulysses_sequence_parallel"),
+    (["actor.engine=megatron", "actor.engine.sequence_parallel=true"],
+     "sequence_parallel=true splits the sequence over the tensor-parallel ranks: it needs tensor_model_parallel_size > 1"),
     (["actor.engine=torchtitan", "actor.engine.pipeline_parallel_size=2"],
      "config key 'actor.engine': tensor_parallel_size=1 x pipeline_parallel_size=2 must divide the 1 ranks"),
     (["actor.engine=torchtitan", "actor.engine.pipeline_parallel_size=4", "trainer.n_procs_per_node=4",

@@ -4,8 +4,9 @@ Each run is ``main_ppo`` on the 4-layer tiny presets (``tiny-qwen3``, ``tiny-lla
 pipeline stages), 3 steps, colocated: mesh dispatch sends each data-parallel shard to its TP/PP group and
 collects from one rank of it, and after every update the sharded weights are gathered and synced into the
 vLLM replica of every process; at DP=2 x TP=2 the actor's AdamW state is sharded over data parallelism
-(``use_distributed_optimizer``). The sync is checked by the rollout's own log-probs of its sampled tokens
-against the trainer's (``rollout/logprob_diff_max``), fp32 on both sides, on the steps after an update.
+(``use_distributed_optimizer``) and its sequence over the TP ranks (``sequence_parallel``; the reference without).
+The sync is checked by the rollout's own log-probs of its sampled tokens against the trainer's
+(``rollout/logprob_diff_max``), fp32 on both sides, on the steps after an update.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def torchtitan(role: str, pp: int) -> list[str]:
 
 LAYOUTS = {  # name -> (preset, processes, overrides)
     "dp2xtp2": ("tiny-qwen3", 4, megatron("actor", tp=2) + megatron("ref", tp=2)
-                + ["actor.engine.use_distributed_optimizer=true"]),  # AdamW's state sharded over the 2 DP ranks
+                + ["actor.engine.use_distributed_optimizer=true",  # AdamW's state sharded over the 2 DP ranks
+                   "actor.engine.sequence_parallel=true"]),  # the actor's sequence split over its TP ranks
     "pp2": ("tiny-llama", 2, megatron("actor", pp=2) + megatron("ref", pp=2)),
     "torchtitan_pp2": ("tiny-llama", 2, torchtitan("actor", pp=2) + torchtitan("ref", pp=2)),
 }

@@ -23,12 +23,14 @@ import torch
 import torch.nn.functional as F
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 from transformers import PretrainedConfig
 
 from rlflow.engines.common.forward.hf_config import head_dim, rope_parameters
 from rlflow.engines.config import EngineConfigError
 from rlflow.engines.megatron.attention import MaskedSDPAttention
+from rlflow.engines.megatron.norm import SequenceParallelRMSNorm
 from rlflow.utils.registry import Registry
 
 __all__ = ["MEGATRON_FAMILY_REGISTRY", "Family", "ModelLayout", "gpt_model_kwargs", "layer_spec", "padded_vocab_size", "transformer_config"]
@@ -115,10 +117,12 @@ def _refuse_unsupported(hf: PretrainedConfig, layout: ModelLayout) -> None:
 
 
 def transformer_config(
-    hf: PretrainedConfig, layout: ModelLayout, dtype: torch.dtype, gradient_checkpointing: bool, fused_swiglu: bool
+    hf: PretrainedConfig, layout: ModelLayout, dtype: torch.dtype, gradient_checkpointing: bool, fused_swiglu: bool,
+    sequence_parallel: bool = False,
 ) -> TransformerConfig:
     """megatron's ``TransformerConfig`` for ``hf`` under ``layout`` (weights come from the checkpoint: no init);
-    ``fused_swiglu``: megatron's fused SwiGLU (``bias_activation_fusion``, compiled by ``torch.compile``)."""
+    ``fused_swiglu``: megatron's fused SwiGLU (``bias_activation_fusion``, compiled by ``torch.compile``);
+    ``sequence_parallel``: megatron's, with tensor parallelism (``norm.py``)."""
     family = _family(hf)
     _refuse_unsupported(hf, layout)
     uneven = hf.num_hidden_layers % layout.pipeline_parallel != 0  # the first stage takes the remainder
@@ -148,7 +152,7 @@ def transformer_config(
         rotary_interleaved=False,
         tensor_model_parallel_size=layout.tensor_parallel,
         pipeline_model_parallel_size=layout.pipeline_parallel,
-        sequence_parallel=False,
+        sequence_parallel=sequence_parallel,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         variable_seq_lengths=True,  # packed rows differ in shape from one micro-batch to the next
@@ -166,11 +170,19 @@ def transformer_config(
     )
 
 
-def layer_spec(config: TransformerConfig) -> ModuleSpec:
-    """megatron's local GPT layer spec with ``MaskedSDPAttention`` as each layer's core attention."""
+def layer_spec(config: TransformerConfig, pp_rank: int) -> ModuleSpec | TransformerBlockSubmodules:
+    """megatron's local GPT layer spec with ``MaskedSDPAttention`` as each layer's core attention; under sequence
+    parallelism every norm (the final one of pipeline stage ``pp_rank`` too) is ``SequenceParallelRMSNorm``."""
     spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = MaskedSDPAttention
-    return spec
+    attention = spec.submodules.self_attention.submodules
+    attention.core_attention = MaskedSDPAttention
+    if not config.sequence_parallel:
+        return spec
+    spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+    if config.qk_layernorm:
+        attention.q_layernorm = attention.k_layernorm = SequenceParallelRMSNorm
+    return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config, pp_rank=pp_rank),
+                                      layer_norm=SequenceParallelRMSNorm)
 
 
 def padded_vocab_size(vocab_size: int, layout: ModelLayout) -> int:

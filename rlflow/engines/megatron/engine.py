@@ -83,9 +83,17 @@ class MegatronEngineConfig(EngineConfig):
     logprob_chunk_size: int = 1024  # tokens per chunk when computing log-probs (bounds the fp32 logits shard)
     bias_activation_fusion: bool = True  # megatron's fused SwiGLU (torch.compile; needs a C++ compiler on CPU)
     use_distributed_optimizer: bool = False  # AdamW's state sharded over the data-parallel ranks (optimizer_shares.py)
+    sequence_parallel: bool = False  # with TP: norms, residuals and dropout on a slice of the sequence per TP rank
 
     RANGES: ClassVar[Ranges] = {"tensor_model_parallel_size": AT_LEAST_1, "pipeline_model_parallel_size": AT_LEAST_1,
                                 "make_vocab_size_divisible_by": AT_LEAST_1, "logprob_chunk_size": AT_LEAST_1}
+
+    def combination_errors(self) -> list[str]:
+        errors = super().combination_errors()
+        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
+            errors.append("sequence_parallel=true splits the sequence over the tensor-parallel ranks: it needs "
+                          "tensor_model_parallel_size > 1")
+        return errors
 
 
 @ENGINE_REGISTRY.register("megatron")
@@ -130,7 +138,7 @@ class MegatronEngine(DelegatingEngine):
         plan = StagePlan(hf, layout, value_model, tied=bool(hf.tie_word_embeddings) and not value_model,
                          logprob_chunk_size=config.logprob_chunk_size)
         megatron_config = transformer_config(hf, layout, resolve_dtype(config.param_dtype), config.gradient_checkpointing,
-                                             config.bias_activation_fusion)
+                                             config.bias_activation_fusion, config.sequence_parallel)
         on_cpu = resolve_device_type(config.device) == "cpu"
         if on_cpu and layout.tensor_parallel > 1 and megatron_config.attention_dropout > 0:
             raise EngineConfigError(
@@ -215,10 +223,11 @@ class MegatronEngine(DelegatingEngine):
                                 self._token_stream)
 
     def _token_stream(self, micro: DataProto) -> TokenStream:
-        return make_token_stream(
+        stream = make_token_stream(
             micro.batch["input_ids"], micro.batch["attention_mask"], micro.batch.get("position_ids"),
             remove_padding=self.config.use_remove_padding, hidden_size=self.plan.hf.hidden_size,
         )
+        return stream.widened(self.plan.layout.tensor_parallel) if self.config.sequence_parallel else stream
 
     def optim_step(self, lr: Optional[float] = None, hyperparams: Optional[StepHyperparams] = None) -> dict[str, Any]:
         self._require_initialized()

@@ -3,7 +3,9 @@
 ``StageForward`` calls the ``GPTModel``'s parts itself rather than ``GPTModel.forward``:
 
 * rows of a ``TokenStream`` (several sequences packed back to back, or padded rows) go in as
-  megatron's ``[s, b]`` layout; each layer attends under the block-causal document mask
+  megatron's ``[s, b]`` layout (under ``sequence_parallel`` the embeddings scatter the sequence over the TP ranks,
+  each layer's column-parallel input gathers it and its row-parallel output scatters it again, and the last stage
+  gathers the final hidden states; the engine widens the rows to a multiple of TP); each layer attends under the block-causal document mask
   (``packing.document_causal_mask``; plain causal attention when every row is one sequence) with
   rotary positions taken per token from ``position_ids`` (``per_token_rotary``), so every
   sequence sees only itself and starts at position 0;
@@ -23,7 +25,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from megatron.core.models.gpt import GPTModel
-from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region
+from megatron.core.tensor_parallel import gather_from_sequence_parallel_region, reduce_from_tensor_model_parallel_region
 from torch import nn
 
 from rlflow.engines.common.batching.packing import TokenStream, document_causal_mask
@@ -102,7 +104,9 @@ class StageForward(nn.Module):
         self.value_head = value_head
         self.padding_idx = padding_idx
         self.logprob_chunk_size = logprob_chunk_size
-        self.tp_group = tp_group
+        self.tp_group, self.tp_rank = tp_group, tp_rank
+        self.tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
+        self.sequence_parallel = model.config.sequence_parallel
         shard = model.vocab_size // (dist.get_world_size(tp_group) if tp_group is not None else 1)
         self.reduce = partial(vocab_parallel_log_probs, vocab_start=tp_rank * shard, vocab_size=vocab_size, group=tp_group)
 
@@ -120,7 +124,10 @@ class StageForward(nn.Module):
             rotary_pos_emb=per_token_rotary(model, positions),
         )
         if not model.post_process:
-            return hidden  # [s, b, hidden] for the next stage
+            return hidden  # [s, b, hidden] for the next stage ([s / TP, b, hidden] under sequence parallelism)
+        if self.sequence_parallel:  # whole sequences on every TP rank; backward: this rank's slice of the gradient,
+            # which the output layer's input-gradient all-reduce has made the same on every rank
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False, group=self.tp_group)
         hidden = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])  # stream slots, row-major like the stream
         if self.value_head is not None:
             return {"values": stream.to_rows(self.value_head(hidden).reshape(-1))}
@@ -130,9 +137,11 @@ class StageForward(nn.Module):
         """The first stage's ``[s, b, hidden]`` embeddings. transformers' ``nn.Embedding(padding_idx=...)`` gives
         the padding token's row no gradient from its lookups (the row still trains as a tied output layer);
         megatron's embedding has no such option, so the gradient of those lookups is dropped here."""
-        hidden = self.module.embedding(input_ids=input_ids, position_ids=None)
+        hidden = self.module.embedding(input_ids=input_ids, position_ids=None)  # sequence-parallel: this rank's slice
         if self.padding_idx is not None and hidden.requires_grad:
             lookups = (input_ids == self.padding_idx).t().unsqueeze(-1)
+            if self.sequence_parallel:
+                lookups = lookups.chunk(self.tp_size)[self.tp_rank]
             hidden.register_hook(lambda grad: grad.masked_fill(lookups, 0.0))
         return hidden
 

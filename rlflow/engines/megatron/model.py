@@ -68,9 +68,13 @@ def build_stage(plan: StagePlan, config: TransformerConfig, hf_model: nn.Module,
                 dtype: torch.dtype) -> StageForward:
     """This rank's ``StageForward`` with its shards of ``hf_model``'s weights."""
     gpt = GPTModel(
-        config=config, transformer_layer_spec=layer_spec(config), pre_process=ranks.is_first_stage,
+        config=config, transformer_layer_spec=layer_spec(config, ranks.pp_rank), pre_process=ranks.is_first_stage,
         post_process=ranks.is_last_stage, **gpt_model_kwargs(plan.hf, plan.layout, tie_output=plan.tied),
     )
+    if config.sequence_parallel and gpt.post_process and not plan.value_model:
+        # StageForward gathers the final hidden states over the sequence itself, so the output layer takes whole
+        # sequences, as without sequence parallelism: no gather of its own, its input gradient all-reduced
+        gpt.output_layer.sequence_parallel, gpt.output_layer.allreduce_dgrad = False, True
     value_head = None
     if plan.value_model and ranks.is_last_stage:
         del gpt.output_layer  # a value model has a one-output score head instead of the vocabulary

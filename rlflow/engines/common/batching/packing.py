@@ -121,6 +121,28 @@ class TokenStream:
                  if isinstance(value := getattr(self, field.name), torch.Tensor)}
         return replace(self, **moved)
 
+    def widened(self, multiple: int) -> "TokenStream":
+        """The same stream with its rows padded to a width ``multiple`` divides (sequence parallelism splits the
+        width): filler columns of token 0 at positions counting from 0 (a document of their own), index maps moved
+        to the new width. For the row layouts only (no attention grid)."""
+        rows, width = self.input_ids.shape
+        extra = -width % multiple
+        if extra == 0:
+            return self
+        if self.sequence_slots is not None:
+            raise ValueError("widening a stream with an attention grid (sdpa_varlen) is not supported")
+        new_width = width + extra
+
+        def moved(index: torch.Tensor) -> torch.Tensor:
+            return index // width * new_width + index % width
+
+        filler = torch.arange(extra, device=self.position_ids.device).to(self.position_ids).expand(rows, extra)
+        mask = None if self.attention_mask is None else torch.nn.functional.pad(self.attention_mask, (0, extra))
+        return replace(self, input_ids=torch.nn.functional.pad(self.input_ids, (0, extra)),
+                       position_ids=torch.cat([self.position_ids, filler], dim=1), attention_mask=mask,
+                       slot_index=moved(self.slot_index), source_index=moved(self.source_index),
+                       target_index=moved(self.target_index))
+
     def to_rows(self, flat: torch.Tensor) -> torch.Tensor:
         """Per-slot values as a new ``[b, T]`` tensor (zeros at padding); differentiable, never a view
         (FSDP2's hooks on module outputs do not survive in-place ops on views)."""
