@@ -92,8 +92,15 @@ def _placeholders(verl: str, context: list[str]) -> list[str]:
     optim = verl[: verl.rindex("optim.") + len("optim.")] if "optim." in verl else ""
     megatron = verl[: verl.rindex("megatron.") + len("megatron.")] if "megatron." in verl else ""
     padding = next((key for prefix, key in REMOVE_PADDING.items() if verl.startswith(prefix)), "use_remove_padding")
-    return [arg.replace("<optim>", optim).replace("<megatron>", megatron).replace("<padding>", padding or "") for arg in context
-            if not (arg.startswith("<padding>") and padding is None)]
+    places = {"<optim>": optim, "<megatron>": megatron, "<padding>": padding or ""}
+    filled = []
+    for arg in context:
+        if arg.startswith("<padding>") and padding is None:
+            continue
+        for place, value in places.items():
+            arg = arg.replace(place, value)
+        filled.append(arg)
+    return filled
 
 
 # Where a value lands when that is not the table's rlflow key: config loading merges verl's external_lib into plugins.

@@ -131,7 +131,8 @@ def test_training_matches_plain_pytorch(ranks, reference, schedule) -> None:
         norm = torch.stack([p.norm() for p in reference["params"].values()]).norm()
         assert (diff / norm).item() <= RTOL, f"weights differ from plain PyTorch by {(diff / norm).item():.2e}"
         for name, expected in reference["params"].items():  # AdamW magnifies float noise where a gradient is ~0
-            torch.testing.assert_close(weights[name], expected, atol=WEIGHT_ATOL, rtol=0, msg=lambda text: f"{name}: {text}")
+            torch.testing.assert_close(weights[name], expected, atol=WEIGHT_ATOL, rtol=0,
+                                       msg=lambda text: f"{name}: {text}")
 
 
 def test_a_checkpoint_resumes_the_same_step(ranks) -> None:

@@ -75,7 +75,8 @@ class ModuleEngine(DelegatingEngine):
         if world_size % size:
             raise EngineConfigError(f"ulysses_sequence_parallel_size={size} must divide the engine's {world_size} "
                                     "ranks (one SP group of adjacent ranks per data-parallel rank)")
-        hf_config = AutoConfig.from_pretrained(model_path, local_files_only=True, trust_remote_code=config.trust_remote_code)
+        hf_config = AutoConfig.from_pretrained(model_path, local_files_only=True,
+                                               trust_remote_code=config.trust_remote_code)
         problem = check_heads(hf_config, size)
         if problem:
             raise EngineConfigError(problem)
@@ -114,7 +115,8 @@ class ModuleEngine(DelegatingEngine):
     def mesh(self) -> EngineMesh:
         self._require_initialized()
         size = self.sequence_parallel.size  # an SP group takes one data-parallel rank's data; its first rank collects
-        return EngineMesh(dp_rank=self.rank // size, dp_size=self.world_size // size, is_collect=self.sequence_parallel.rank == 0)
+        return EngineMesh(dp_rank=self.rank // size, dp_size=self.world_size // size,
+                          is_collect=self.sequence_parallel.rank == 0)
 
     def forward_backward(
         self, batch: DataProto, loss_fn: Optional[LossFn] = None, forward_only: bool = False

@@ -3,12 +3,13 @@
 ``StageForward`` calls the ``GPTModel``'s parts itself rather than ``GPTModel.forward``:
 
 * rows of a ``TokenStream`` (several sequences packed back to back, or padded rows) go in as
-  megatron's ``[s, b]`` layout (under ``sequence_parallel`` the embeddings scatter the sequence over the TP ranks,
-  each layer's column-parallel input gathers it and its row-parallel output scatters it again, and the last stage
-  gathers the final hidden states; the engine widens the rows to a multiple of TP); each layer attends under the block-causal document mask
+  megatron's ``[s, b]`` layout; each layer attends under the block-causal document mask
   (``packing.document_causal_mask``; plain causal attention when every row is one sequence) with
   rotary positions taken per token from ``position_ids`` (``per_token_rotary``), so every
   sequence sees only itself and starts at position 0;
+* under ``sequence_parallel`` the embeddings scatter the sequence over the TP ranks, each layer's
+  column-parallel input gathers it and its row-parallel output scatters it again, and the last stage
+  gathers the final hidden states (the engine widens the rows to a multiple of TP);
 * a stage that is not the first takes its input from the previous stage (the schedule's
   ``set_input_tensor``), and a stage that is not the last returns its hidden states for the next;
 * the last stage turns the final hidden states into per-token outputs: log-probs (and entropy)
@@ -127,7 +128,8 @@ class StageForward(nn.Module):
             return hidden  # [s, b, hidden] for the next stage ([s / TP, b, hidden] under sequence parallelism)
         if self.sequence_parallel:  # whole sequences on every TP rank; backward: this rank's slice of the gradient,
             # which the output layer's input-gradient all-reduce has made the same on every rank
-            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False, group=self.tp_group)
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False,
+                                                          group=self.tp_group)
         hidden = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])  # stream slots, row-major like the stream
         if self.value_head is not None:
             return {"values": stream.to_rows(self.value_head(hidden).reshape(-1))}

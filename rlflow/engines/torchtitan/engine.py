@@ -6,7 +6,8 @@ state-dict adapter (``from_hf`` in, ``to_hf`` out, tied embeddings written once 
 Parallelism is the family's own ``parallelize_<family>``: torchtitan's tensor-parallel plan
 (``tensor_parallel_size``) and FSDP2 wrapping over a ``ParallelDims`` mesh built from rlflow's
 config, full activation checkpointing (``gradient_checkpointing``) and ``torch.compile``
-(``compile``) as switches.
+(``compile``) as switches. Pipeline parallelism (``pipeline_parallel_size``) is torchtitan's split of the
+decoder into stages run by torch's pipeline schedules (``pipeline.py``).
 
 What rlflow keeps and torchtitan's trainer would otherwise own (``docs/engines.md``):
 
@@ -65,8 +66,8 @@ from rlflow.engines.torchtitan.pipeline import (
     stage_module_names,
 )
 from rlflow.models.hf_checkpoint import load_causal_lm, require_model_folder, resolve_dtype
-from rlflow.utils.device import resolve_device_type
 from rlflow.protocol import DataProto
+from rlflow.utils.device import resolve_device_type
 from rlflow.utils.seed import set_seed
 
 __all__ = ["TorchtitanEngine", "TorchtitanEngineConfig"]
@@ -142,13 +143,14 @@ class TorchtitanEngine(FullyShardEngine):
         return config.tensor_parallel_size  # torchtitan's mesh puts TP innermost: adjacent ranks
 
     @classmethod
-    def check_model(cls, config: TorchtitanEngineConfig, model_path: str | Path, model_kind: str, world_size: int) -> None:
+    def check_model(cls, config: TorchtitanEngineConfig, model_path: str | Path, model_kind: str,
+                    world_size: int) -> None:
         _, model_config = _titan_model(require_model_folder(Path(model_path)), config.trust_remote_code,
                                        FlexAttention.Config)
-        model_parallel = config.tensor_parallel_size * config.pipeline_parallel_size
-        problem = _layout_error(config, model_config) or (
-            f"tensor_parallel_size={config.tensor_parallel_size} x pipeline_parallel_size="
-            f"{config.pipeline_parallel_size} must divide the {world_size} ranks" if world_size % model_parallel else None)
+        problem = _layout_error(config, model_config)
+        if not problem and world_size % (config.tensor_parallel_size * config.pipeline_parallel_size):
+            problem = (f"tensor_parallel_size={config.tensor_parallel_size} x pipeline_parallel_size="
+                       f"{config.pipeline_parallel_size} must divide the {world_size} ranks")
         if problem:
             raise EngineConfigError(problem)
 
@@ -225,17 +227,19 @@ class TorchtitanEngine(FullyShardEngine):
                 unit.set_gradient_divide_factor(None)  # FSDP's default again: the mean over the data-parallel ranks
         return module
 
-    def _layout(self) -> dict[str, Any]:  # dp_shard = world size / (TP x PP)
-        pp = self.config.pipeline_parallel_size
-        return {"tensor_parallel_size": self.config.tensor_parallel_size, **({"pipeline_parallel_size": pp} if pp > 1 else {})}
+    def _layout(self) -> dict[str, Any]:  # dp_shard = world size / (TP x PP); PP only when used (older checkpoints)
+        layout = {"tensor_parallel_size": self.config.tensor_parallel_size}
+        if self.config.pipeline_parallel_size > 1:
+            layout["pipeline_parallel_size"] = self.config.pipeline_parallel_size
+        return layout
 
     # ------------------------------------------------------------------ pipeline parallelism (pipeline.py)
     def forward_backward(
         self, batch: DataProto, loss_fn: Optional[LossFn] = None, forward_only: bool = False
     ) -> tuple[DataProto, dict[str, Any]]:
+        self._require_initialized()
         if self.pipeline is None:
             return super().forward_backward(batch, loss_fn, forward_only)
-        self._require_initialized()
         layout = partial(micro_batch_stream, config=self.config, attn_implementation=self.attn_implementation,
                          hidden_size=self.hidden_size)
         with self.offloader.params_resident():
@@ -263,7 +267,8 @@ class TorchtitanEngine(FullyShardEngine):
         dp_mesh = self.parallel_dims.get_mesh("fsdp")
         tp_rank = self.parallel_dims.get_mesh("tp").get_local_rank() if self.parallel_dims.tp_enabled else 0
         last_stage = self.pipeline is None or self.pipeline.is_last
-        return EngineMesh(dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size(), is_collect=tp_rank == 0 and last_stage)
+        return EngineMesh(dp_rank=dp_mesh.get_local_rank(), dp_size=dp_mesh.size(),
+                          is_collect=tp_rank == 0 and last_stage)
 
 
 def _layout_error(config: TorchtitanEngineConfig, model_config: Decoder.Config) -> Optional[str]:

@@ -231,7 +231,8 @@ def save_module_state(folder: Path, module: nn.Module, optimizer: torch.optim.Op
     (``trainable_only``: the parameters that train, e.g. LoRA adapters, and not the frozen base). ``by_name``:
     the optimizer's group settings keyed by parameter name, not by group index, for ranks that hold different
     parameters (pipeline stages: indexed groups of two stages would share one key and one value)."""
-    model_state, optim_state = get_state_dict(module, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=by_name))
+    options = StateDictOptions(flatten_optimizer_state_dict=by_name)
+    model_state, optim_state = get_state_dict(module, optimizer, options=options)
     if trainable_only:
         model_state = _trainable_entries(model_state, module)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / MODEL_OPTIM_DIR), process_group=group)

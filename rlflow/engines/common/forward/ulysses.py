@@ -200,7 +200,8 @@ class UlyssesShard:
         filler = -self.num_slots % size
         self.length = (self.num_slots + filler) // size
         ids = F.pad(whole.input_ids.reshape(-1), (0, filler))
-        positions = torch.cat([whole.position_ids.reshape(-1), torch.arange(filler, device=ids.device).to(whole.position_ids)])
+        filler_positions = torch.arange(filler, device=ids.device).to(whole.position_ids)
+        positions = torch.cat([whole.position_ids.reshape(-1), filler_positions])
         own = slice(rank * self.length, (rank + 1) * self.length)
         self.labels = F.pad(ids[1:], (0, 1))[own]  # each slot's next slot (the last one's is never read)
         grid = {} if whole.token_slots is None else {"token_slots": F.pad(whole.token_slots, (0, filler))}
