@@ -147,10 +147,7 @@ class TorchtitanEngine(FullyShardEngine):
                     world_size: int) -> None:
         _, model_config = _titan_model(require_model_folder(Path(model_path)), config.trust_remote_code,
                                        FlexAttention.Config)
-        problem = _layout_error(config, model_config)
-        if not problem and world_size % (config.tensor_parallel_size * config.pipeline_parallel_size):
-            problem = (f"tensor_parallel_size={config.tensor_parallel_size} x pipeline_parallel_size="
-                       f"{config.pipeline_parallel_size} must divide the {world_size} ranks")
+        problem = _layout_error(config, model_config, world_size)
         if problem:
             raise EngineConfigError(problem)
 
@@ -193,7 +190,9 @@ class TorchtitanEngine(FullyShardEngine):
     def _parallelize(self, module: ForwardModule) -> nn.Module:
         cfg = self.config
         tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
-        self.check_model(cfg, self.folder, self.model_kind, self.world_size)
+        problem = _layout_error(cfg, self.model_config, self.world_size)
+        if problem:
+            raise EngineConfigError(problem)
         self.parallel_dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=tp, pp=pp, ep=1,
                                           world_size=self.world_size, spmd_backend="partial_dtensor")
         with cpu_device_type() if self.on_cpu else nullcontext():
@@ -271,12 +270,16 @@ class TorchtitanEngine(FullyShardEngine):
                           is_collect=tp_rank == 0 and last_stage)
 
 
-def _layout_error(config: TorchtitanEngineConfig, model_config: Decoder.Config) -> Optional[str]:
-    """Why the model cannot take the config's tensor/pipeline layout (before any rank is known), or None."""
+def _layout_error(config: TorchtitanEngineConfig, model_config: Decoder.Config,
+                  world_size: Optional[int] = None) -> Optional[str]:
+    """Why the model (and ``world_size`` ranks, when given) cannot take the config's tensor/pipeline layout, or None."""
     for key in ("tensor_parallel_size", "pipeline_parallel_size"):
         if getattr(config, key) > 1 and model_config.enable_weight_tying:
             return (f"{key}={getattr(config, key)} splits the tied input and output embeddings into two parameters "
                     f"(they would train apart); use {key}=1 for a checkpoint with tie_word_embeddings=true")
+    if world_size is not None and world_size % (config.tensor_parallel_size * config.pipeline_parallel_size):
+        return (f"tensor_parallel_size={config.tensor_parallel_size} x pipeline_parallel_size="
+                f"{config.pipeline_parallel_size} must divide the {world_size} ranks")
     return layer_count_error(len(model_config.layers), config.pipeline_parallel_size)
 
 

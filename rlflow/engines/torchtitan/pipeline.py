@@ -27,7 +27,6 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
@@ -100,7 +99,7 @@ def _stacked(streams: list[TokenStream], device: torch.device) -> dict[str, torc
     filler_positions = torch.arange(width).expand(rows, width)
     for stream in streams:
         ids = stream.input_ids
-        fields = {"inputs": ids, "positions": stream.position_ids, "labels": F.pad(ids[:, 1:], (0, 1))}
+        fields = {"inputs": ids, "positions": stream.position_ids, "labels": stream.next_tokens}
         for key, value in fields.items():
             padded = filler_positions.clone() if key == "positions" else torch.zeros(rows, width, dtype=ids.dtype)
             padded[: value.shape[0], : value.shape[1]] = value

@@ -110,6 +110,13 @@ class TokenStream:
         return {"sequence_slots": self.sequence_slots, "token_slots": self.token_slots, **self.attention_extras}
 
     @property
+    def next_tokens(self) -> torch.Tensor:
+        """``[rows, width]``: the token in each slot's next slot of its row (0 in a row's last slot): what every slot
+        predicts where every slot's log-prob is computed (sequence and pipeline parallelism); ``source_index``
+        keeps the predictions of a token of the same sequence."""
+        return torch.nn.functional.pad(self.input_ids[:, 1:], (0, 1))
+
+    @property
     def labels(self) -> torch.Tensor:
         """The token each ``source_index`` slot predicts."""
         return self.input_ids.reshape(-1).index_select(0, self.target_index)

@@ -203,7 +203,7 @@ class UlyssesShard:
         filler_positions = torch.arange(filler, device=ids.device).to(whole.position_ids)
         positions = torch.cat([whole.position_ids.reshape(-1), filler_positions])
         own = slice(rank * self.length, (rank + 1) * self.length)
-        self.labels = F.pad(ids[1:], (0, 1))[own]  # each slot's next slot (the last one's is never read)
+        self.labels = F.pad(whole.next_tokens.reshape(-1), (0, filler))[own]  # the last slot's is never read
         grid = {} if whole.token_slots is None else {"token_slots": F.pad(whole.token_slots, (0, filler))}
         exchange = UlyssesExchange(group, size, kernel, positions[None])
         self.stream = replace(whole, input_ids=ids[own][None], position_ids=positions[own][None],
