@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# rlflow demo: from nothing to a model that learned a task with RL, in 6-10 minutes on 2 CPU cores.
+# rlflow demo: from nothing to a model that learned a task with RL, in 4-10 minutes on 2 CPU cores.
 #
 #   make demo                              # or, with the .venv active: recipes/demo.sh
 #   make demo DEMO_STEPS=30 DEMO_SEED=1    # knobs (environment variables):

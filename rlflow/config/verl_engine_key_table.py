@@ -66,7 +66,8 @@ FSDP_ROWS: list[Row] = [
     ("use_orig_params", None, "the fsdp engine always uses use_orig_params=True"),
     ("ulysses_sequence_parallel_size", "ulysses_sequence_parallel_size", ULYSSES),
     ("use_torch_compile", "compile", "fsdp2 and torchtitan engines: torch.compile of each decoder layer (verl: of "
-                                     "its entropy function); off by default (verl: on)"),
+                                     "its entropy function); fsdp2: auto (on a CPU for runs of 500 steps or more), "
+                                     "torchtitan: off (verl: on)"),
     ("full_determinism", None, "seeded runs reproduce by default (docs/reliability.md)"),
 ]
 MEGATRON_ROWS: list[Row] = [
@@ -98,9 +99,11 @@ RLFLOW_ONLY_ENGINE_KEYS: list[tuple[str, str]] = [
     ("forward_micro_batch_size", "forward-only passes (log-probs, values, scores); null: micro_batch_size"),
     ("forward_use_dynamic_bsz", "null: use_dynamic_bsz"),
     ("forward_max_token_len_per_micro_batch", "null: max_token_len_per_micro_batch"),
-    ("attn_implementation", "sdpa | sdpa_varlen | eager | flash_attention_2 | flex_attention"),
+    ("attn_implementation", "auto | sdpa | sdpa_varlen | eager | flash_attention_2 | flex_attention "
+                            "(auto: sdpa_varlen on a CPU)"),
     ("logprob_chunk_size", "tokens per chunk of the log-prob computation"),
-    ("share_prefix", "compute a prefix rows share (a GRPO group's prompt) once; needs sdpa_varlen"),
+    ("share_prefix", "compute a prefix rows share (a GRPO group's prompt) once; needs sdpa_varlen "
+                     "(auto: on a CPU when rollout.n > 1)"),
     ("trust_remote_code", "defaults to model.trust_remote_code"),
     ("make_vocab_size_divisible_by", "megatron engine: the vocabulary padding"),
     ("lora.rank", "LoRA adapter rank; 0: full fine-tuning (docs/lora.md)"),

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Sequence
 from omegaconf import DictConfig
 
 from rlflow.config import ConfigError
+from rlflow.config.loading.auto_settings import RunKeys
 from rlflow.config.loading.choices import Choice, mounted_engine_choices, rollout_choices
 from rlflow.config.loading.dtype_guard import ppo_dtype_keys
 from rlflow.config.loading.entry_point import EntryPoint
@@ -128,6 +129,9 @@ def _check_cluster(config: DictConfig) -> None:
     check_cluster_reachable(config.trainer)
 
 
+# A service has no run length; its clients sample one row per prompt.
+SERVICE_RUN_KEYS = RunKeys(steps=None, rollout="rollout")
+
 SERVICE_ENTRY = EntryPoint(
     config_name="service",
     schema=ServiceAppConfig,
@@ -139,6 +143,7 @@ SERVICE_ENTRY = EntryPoint(
     checks=(_check_service, check_rollout_memory, check_rollout_sampling),
     machine_checks=(_check_cluster,),
     preflight=_preflight,
+    run_keys=SERVICE_RUN_KEYS,
 )
 
 

@@ -14,7 +14,8 @@ from omegaconf import DictConfig
 
 from rlflow.service.app import build_app
 from rlflow.service.catalogue import BaseModel
-from rlflow.service.config import SERVICE_ENTRY, check_service_inputs
+from rlflow.config.loading.auto_settings import speed_settings_line
+from rlflow.service.config import SERVICE_ENTRY, SERVICE_RUN_KEYS, check_service_inputs
 from rlflow.service.service import TinkerService
 from rlflow.utils.logging import get_logger
 from rlflow.utils.output_paths import check_output_folder
@@ -29,6 +30,7 @@ def prepare(config: DictConfig) -> tuple[dict[str, BaseModel], Path]:
     catalogue = check_service_inputs(config)
     work_dir = check_output_folder(config.service.checkpoint_dir, "config key 'service.checkpoint_dir':").resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
+    logger.info(speed_settings_line(config, ["engine"], SERVICE_RUN_KEYS))
     return catalogue, work_dir
 
 

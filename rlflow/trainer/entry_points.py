@@ -33,6 +33,7 @@ from rlflow.rollout.sampling import check_rollout_sampling
 from rlflow.trainer.async_checks import settle_async_training
 from rlflow.trainer.cluster_checks import check_local_cluster_fits
 from rlflow.trainer.placement import PLACEMENT_REGISTRY, processes_per_node
+from rlflow.trainer.ppo_setup import PPO_RUN_KEYS
 from rlflow.trainer.preflight import preflight_ppo, preflight_sft
 from rlflow.trainer.run_intent import check_run_intent
 from rlflow.trainer.sft_launchers import LAUNCHER_REGISTRY
@@ -95,6 +96,7 @@ PPO_ENTRY = EntryPoint(
             check_custom_function, check_run_intent),
     machine_checks=(_check_ppo_cluster,),
     preflight=preflight_ppo,
+    run_keys=PPO_RUN_KEYS,
 )
 
 SFT_ENTRY = EntryPoint(

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, open_dict
 from rlflow.algos import KLController, get_kl_controller
 from rlflow.algos.rollout_correction import BYPASS, DECOUPLED
 from rlflow.config import ConfigError
+from rlflow.config.loading.auto_settings import RunKeys, speed_settings_line
 from rlflow.data.rl_dataset import build_rl_loader
 from rlflow.rollout.agent.checks import check_agent_names, tool_schemas
 from rlflow.data.sampler import BatchLoader
@@ -38,6 +39,8 @@ from rlflow.workers import init_cluster
 __all__ = ["PPOSetup", "prepare_run", "start_roles"]
 
 logger = get_logger(__name__)
+# Where main_ppo's config says how long the run is, how many rows share a prompt, and where the rollout is.
+PPO_RUN_KEYS = RunKeys(group_size="rollout.n", rollout="rollout")
 
 
 @dataclass
@@ -82,6 +85,8 @@ def prepare_run(config: DictConfig) -> PPOSetup:
     guard = DivergenceGuard.from_config(config)
     checkpoints = CheckpointManager.for_run(config)
     logger.info("old log-probs: %s", old_log_probs_source(plan))
+    roles = ["actor", *(["ref"] if plan.use_ref else []), *(["critic"] if plan.use_critic else [])]
+    logger.info(speed_settings_line(config, [f"{role}.engine" for role in roles], PPO_RUN_KEYS))
     set_seed(config.trainer.seed)
     return PPOSetup(config, plan, model_path, train_loader, val_loader, total_steps, reward_manager, scorer,
                     guard, kl_ctrl, checkpoints)

@@ -37,6 +37,7 @@ from rlflow.observability.tracking import Tracking
 from rlflow.protocol import DataProto
 from rlflow.roles.sft_worker import SFT_MESH
 from rlflow.trainer.checkpoint import PARTIAL_SUFFIX, CheckpointManager
+from rlflow.config.loading.auto_settings import RunKeys, speed_settings_line
 from rlflow.config.loading.engine_checks import check_engine_fits
 from rlflow.trainer.divergence import DivergenceGuard
 from rlflow.trainer.preemption import PreemptionFlag
@@ -112,6 +113,7 @@ def prepare_sft_run(config: DictConfig, model_path: Path, world_size: int) -> SF
     note = fit_schedule_to_run(engine_config.setdefault("lr_scheduler", {}), total_steps, "engine.lr_scheduler")
     if note is not None:
         logger.warning(note)
+    logger.info(speed_settings_line(config, ["engine"], RunKeys()))
     return SFTRun(train_loader, val_loader, engine_config, total_steps, DivergenceGuard.from_config(config))
 
 

@@ -12,6 +12,7 @@ from rlflow.engines import BaseEngine, EngineConfigError, ENGINE_REGISTRY, build
 from rlflow.engines.config import EngineConfig, HFModuleEngineConfig, config_from_mapping
 from rlflow.engines.fsdp import FSDPEngine, FSDPEngineConfig
 from rlflow.engines.fsdp2 import FSDP2Engine, FSDP2EngineConfig
+from rlflow.config.loading.auto_settings import AUTO, ENGINE_RULES
 from rlflow.config.loading.hydra_entry import CONFIG_DIR
 
 
@@ -67,7 +68,7 @@ def test_engine_yaml_is_valid_and_documented(name: str) -> None:
 
     configs = Path(CONFIG_DIR)
     with initialize_config_dir(str(configs), version_base=None):
-        node = compose(config_name=f"engine/{name}").engine
+        node = without_auto_keys(compose(config_name=f"engine/{name}").engine)
     config = config_from_mapping(get_engine_cls(name).config_class, node)
     assert config.name == name
     defaults = type(config)()
@@ -80,6 +81,15 @@ def test_engine_yaml_is_valid_and_documented(name: str) -> None:
                 assert "#" in stripped, f"{path.name}: '{stripped}' has no comment"
 
 
+def without_auto_keys(node) -> dict:
+    """The YAML node without its ``auto`` speed keys, which config loading settles (only those of
+    ``auto_settings.ENGINE_RULES`` may be ``auto``); the engine classes keep plain defaults for them (sdpa, off).
+    ``device: auto`` is a value the engines resolve themselves and stays."""
+    auto = {key for key, value in node.items() if value == AUTO and key != "device"}
+    assert auto <= set(ENGINE_RULES), auto
+    return {key: value for key, value in node.items() if key not in auto}
+
+
 @pytest.mark.parametrize("option,config_class", [("base", EngineConfig), ("hf_module", HFModuleEngineConfig)])
 def test_common_engine_yaml_layers_match_their_dataclasses(option: str, config_class: type) -> None:
     """base.yaml alone is a complete EngineConfig (what megatron.yaml composes); hf_module.yaml adds the HF keys."""
@@ -87,7 +97,7 @@ def test_common_engine_yaml_layers_match_their_dataclasses(option: str, config_c
 
     with initialize_config_dir(CONFIG_DIR, version_base=None):
         node = compose(config_name=f"engine/common/{option}").engine.common
-    assert config_from_mapping(config_class, {**node, "name": "x"}) == config_class(name="x")
+    assert config_from_mapping(config_class, {**without_auto_keys(node), "name": "x"}) == config_class(name="x")
     hf_only = {"attn_implementation", "logprob_chunk_size", "wrap_layer_classes"}
     assert (hf_only <= set(node)) == (config_class is HFModuleEngineConfig)
     if config_class is EngineConfig:

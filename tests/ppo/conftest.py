@@ -60,7 +60,7 @@ def run_main_ppo(overrides: list[str], timeout: float = 600, env: dict[str, str]
 
 # Wall-clock and machine-load figures differ between any two runs; everything else is reproducible.
 VARYING_PREFIXES = ("timing_s/", "perf/")
-VARYING_WORDS = ("memory", "_mb")
+VARYING_WORDS = ("memory", "_mb", "idle_fraction")  # idle fractions are ratios of wall-clock times
 
 
 def comparable(record: dict) -> dict:

@@ -114,7 +114,7 @@ TWO_NODES = ["trainer.nnodes=2", "trainer.n_procs_per_node=1", "trainer.ray_addr
                           "actor.engine.ulysses_sequence_parallel_size=4"],
      "config key 'actor.engine': ulysses_sequence_parallel_size=4 must divide the model's attention heads (4) and "
      "key/value heads (2)"),
-    (["actor.engine.ulysses_sequence_parallel_size=2"],
+    (["actor.engine.ulysses_sequence_parallel_size=2", "actor.engine.attn_implementation=sdpa"],
      "ulysses_sequence_parallel_size=2 needs use_remove_padding=true and attn_implementation in ['sdpa_varlen', "
      "'flash_attention_2', 'flash_attention_3']"),
     (SEQUENCE_PARALLEL + ["actor.engine.share_prefix=true"],

@@ -99,6 +99,10 @@ def test_ppo_with_critic_runs_split_and_value_loss_falls(tiny_model, addition_da
     ]
     result = run_main_ppo(overrides)
     assert result.returncode == 0, result.stderr[-3000:]
+    # the auto speed settings, decided for a CPU run of groups of 2 and said once: prompts shared by actor and critic
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "speed settings (cpu, 4 steps, groups of 2)" in line]
+    assert len(said) == 1 and "ref.engine" not in said[0], said
+    assert all(f"{role}.engine: attn_implementation=sdpa_varlen share_prefix=true" in said[0] for role in ("actor", "critic"))
     records = read_jsonl(tmp_path / "metrics.jsonl")
     vf_loss = [r["critic/vf_loss"] for r in records]
     assert len(vf_loss) == 4 and all(v == v for v in vf_loss)

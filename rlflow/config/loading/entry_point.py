@@ -7,8 +7,8 @@ package (``rlflow/trainer/entry_points.py``, ``rlflow/service/config.py``) and h
 they know (the placement and launcher registries, the service's key rules), so config loading
 depends on no driver.
 
-``EntryPoint.load`` runs every check in one order: plugins first (they may register names), then
-keys and types against the schema (each engine node against its engine's config class), every
+``EntryPoint.load`` runs every check in one order: plugins first (they may register names), then the
+``auto`` speed settings (``auto_settings.py``), then keys and types against the schema (each engine node against its engine's config class), every
 choice value, what the policy engine supports, bf16/fp16 on this CPU, and last the entry point's own
 checks. Numbers, the timeouts among them, are checked against their declared ranges with the keys and
 types (``rlflow.config.ranges``). ``run`` then judges the machine (``machine_checks``) before the body
@@ -33,6 +33,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from rlflow.config import ConfigError, validate_config
 from rlflow.config.validation import check_nodes
+from rlflow.config.loading.auto_settings import RunKeys, settle_auto_settings
 from rlflow.config.loading.choices import Choice, check_choices
 from rlflow.config.loading.dtype_guard import ComputeDtypeKey, check_half_precision
 from rlflow.config.loading.engine_checks import check_engine_supports, engine_schema_resolver
@@ -74,11 +75,12 @@ class EntryPoint:
     checks: tuple[ConfigCheck, ...] = ()
     machine_checks: tuple[ConfigCheck, ...] = ()
     preflight: Optional[ConfigCheck] = None
+    run_keys: RunKeys = RunKeys()
 
     def load(self, cfg: DictConfig) -> DictConfig:
         """Validate a composed (raw) config of this entry point; raises a ``UserError`` naming the bad key."""
         check_nodes(cfg, self.schema)
-        cfg = import_configured_plugins(cfg)
+        cfg = settle_auto_settings(import_configured_plugins(cfg), self.engine_mounts, self.run_keys)
         config = validate_config(cfg, self.schema, {path: engine_schema_resolver(path) for path in self.engine_mounts})
         check_choices(config, self.choices())
         for mount in self.policy_mounts:
