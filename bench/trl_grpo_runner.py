@@ -1,6 +1,20 @@
 """TRL's side of ``bench/grpo_vs_trl.py``: ``trl.GRPOTrainer`` on the bench's workload, one JSON
-line per step on stdout. Runs in the TRL venv that ``bench/trl_venv.py`` builds (same torch as
-rlflow), with the worktree on ``PYTHONPATH`` so the reward is rlflow's own addition rule.
+line per step on stdout. Runs in the TRL venv that ``bench/trl_venv.py`` builds (a plain
+``pip install trl``); it never imports rlflow.
+
+The reward is rlflow's own rule, not a copy: rlflow's ``synthetic/addition`` reward
+(``rlflow.rewards.synthetic.synthetic_task_score``) scores with ``score_final_answer`` of
+``rlflow/data/tasks/answer.py`` (the addition task keeps ``SyntheticTask.score``; the bench checks
+that), and that file imports only ``re``, so it is loaded here by path. ``synthetic.py`` itself is
+not: it imports rlflow's task and reward registries.
+
+Prompts are TRL's conversational format, which TRL turns into token ids with the tokenizer's
+chat template, as rlflow's data loader does; the first prompt TRL tokenises is printed
+(``{"event": "prompt"}``) so the bench can check rlflow gives it the same ids.
+
+One step trains the whole batch: ``--accumulation`` K splits it into K micro-batches of
+``prompts * samples / K`` sequences (``gradient_accumulation_steps`` K) while
+``generation_batch_size`` stays ``prompts * samples``, so every step generates all completions once.
 
 Phases are timed by wrapping the trainer's methods (bench code, TRL unchanged):
 
@@ -17,32 +31,63 @@ Each line: ``{"event": "step", "step_s", "generation", "old_log_probs", "update"
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import resource
 import sys
 import tempfile
 import time
+from pathlib import Path
+from typing import Callable
+
+ScoreRule = Callable[[object, object], float]
+
+REWARD_FILE = Path(__file__).resolve().parents[1] / "rlflow" / "data" / "tasks" / "answer.py"
 
 
 def emit(record: dict) -> None:
+    """One JSON line on stdout (the bench reads the lines that start with ``{"event"``)."""
     print(json.dumps(record), flush=True)
 
 
 def build_dataset(train_parquet: str):
-    """TRL's conversational prompt format plus the columns rlflow's reward reads."""
+    """TRL's conversational prompt format (the row's chat messages) plus the reward's ground truth."""
     import datasets
 
     raw = datasets.Dataset.from_parquet(train_parquet)
     return raw.map(lambda row: {"prompt": list(row["prompt"]), "ground_truth": row["reward_model"]["ground_truth"]},
-                   remove_columns=[c for c in raw.column_names if c not in ("prompt", "data_source")])
+                   remove_columns=[c for c in raw.column_names if c != "prompt"])
 
 
-def addition_reward(completions, ground_truth, data_source, **_) -> list[float]:
-    """rlflow's rule reward (``rlflow.rewards.synthetic``) on each completion's text."""
-    from rlflow.rewards.synthetic import synthetic_task_score
+def load_score_rule() -> ScoreRule:
+    """``score_final_answer`` from rlflow's ``answer.py``, loaded by path (rlflow is not importable here)."""
+    spec = importlib.util.spec_from_file_location("rlflow_task_answer", REWARD_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.score_final_answer
 
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [synthetic_task_score(src, text, truth) for text, truth, src in zip(texts, ground_truth, data_source)]
+
+def make_reward(score_rule: ScoreRule) -> Callable[..., list[float]]:
+    """TRL's reward function: ``score_rule`` (rlflow's final-answer rule) on each completion's text."""
+
+    def addition_reward(completions, ground_truth, **_) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [score_rule(text, truth) for text, truth in zip(texts, ground_truth)]
+
+    return addition_reward
+
+
+def report_first_prompt(trainer) -> None:
+    """Wrap ``_tokenize_prompts`` to emit the first prompt it tokenises: its messages and token ids."""
+    original = trainer._tokenize_prompts
+
+    def tokenize(prompts, *args, **kwargs):
+        out = original(prompts, *args, **kwargs)
+        trainer._tokenize_prompts = original  # only the first call is reported
+        emit({"event": "prompt", "messages": list(prompts[0]), "ids": [int(t) for t in out[0][0]]})
+        return out
+
+    trainer._tokenize_prompts = tokenize
 
 
 class PhaseClock:
@@ -108,6 +153,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, required=True, help="steps in all, warm-up included")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--accumulation", type=int, default=1, help="micro-batches per step (gradient accumulation)")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -125,15 +171,17 @@ def main() -> int:
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-grpo-bench-"), report_to="none", save_strategy="no",
         use_cpu=args.device == "cpu", bf16=args.dtype == "bfloat16", max_steps=args.steps, logging_steps=1, seed=args.seed,
-        learning_rate=args.lr, per_device_train_batch_size=args.prompts * args.samples, gradient_accumulation_steps=1,
+        learning_rate=args.lr, per_device_train_batch_size=args.prompts * args.samples // args.accumulation,
+        gradient_accumulation_steps=args.accumulation, generation_batch_size=args.prompts * args.samples,
         num_generations=args.samples, max_completion_length=args.new_tokens, temperature=1.0,
-        beta=0.0, num_iterations=1, steps_per_generation=1, gradient_checkpointing=args.gradient_checkpointing,
+        beta=0.0, num_iterations=1, gradient_checkpointing=args.gradient_checkpointing,
         dataloader_num_workers=0, disable_tqdm=True,
     )
-    trainer = GRPOTrainer(model=args.model, reward_funcs=addition_reward, args=config,
+    trainer = GRPOTrainer(model=args.model, reward_funcs=make_reward(load_score_rule()), args=config,
                           train_dataset=build_dataset(args.train))
     torch.set_num_threads(args.threads)
     clock = PhaseClock(trainer)
+    report_first_prompt(trainer)
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *_, **__):
@@ -144,7 +192,11 @@ def main() -> int:
 
     trainer.add_callback(StepTimer())
     weight = next(trainer.model.parameters())
-    emit({"event": "settings", "trl_threads": torch.get_num_threads(), "gradient_checkpointing": args.gradient_checkpointing,
+    emit({"event": "settings", "trl_threads": torch.get_num_threads(),
+          "gradient_checkpointing": config.gradient_checkpointing,
+          "per_device_train_batch_size": config.per_device_train_batch_size,
+          "gradient_accumulation_steps": config.gradient_accumulation_steps,
+          "generation_batch_size": config.generation_batch_size, "steps_per_generation": config.steps_per_generation,
           "dtype": args.dtype, "device": str(weight.device), "model_dtype": str(weight.dtype)})
     trainer.train()
     emit({"event": "done", "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})

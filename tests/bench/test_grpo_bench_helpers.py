@@ -66,13 +66,17 @@ def test_best_config_is_the_fastest_and_empty_trials_are_an_error():
         best_config({})
 
 
-@pytest.mark.parametrize("device, rollout, compiled, eager", [("cpu", "vllm", True, False), ("cuda", "hf", False, True)])
-def test_rlflow_settings_compose_per_device_and_rollout(device, rollout, compiled, eager):
-    """A CPU run compiles its layers and vLLM's graphs, attends with sdpa_varlen and shares each group's prompt;
-    a GPU run with HF generate keeps the defaults."""
-    overrides = rlflow_overrides(Workload(device=device), Path("/m"), Path("/d"), Path("/run"), 3, 1, rollout)
+@pytest.mark.parametrize("device, rollout, tuned, compiled, eager, varlen",
+                         [("cpu", "vllm", True, True, False, True), ("cpu", "vllm", False, False, True, True),
+                          ("cuda", "hf", True, False, False, False)])
+def test_rlflow_settings_compose_per_device_and_rollout(device, rollout, tuned, compiled, eager, varlen):
+    """"rlflow best" on a CPU compiles its layers and vLLM's graphs, attends with sdpa_varlen and shares each group's
+    prompt; "rlflow defaults" there gets the last two from ``auto`` but not the compiling, which a short run does not
+    repay; a GPU run with HF generate keeps the GPU's auto values."""
+    overrides = rlflow_overrides(Workload(device=device), Path("/m"), Path("/d"), Path("/run"), 3, 1, rollout,
+                                 tuned=tuned)
     config = compose_ppo_config(overrides)
     assert (config.trainer.device, config.rollout.name) == (device, rollout)
     assert (config.actor.engine.compile, config.rollout.enforce_eager) == (compiled, eager)
-    assert config.actor.engine.attn_implementation == ("sdpa_varlen" if compiled else "sdpa")
-    assert config.actor.engine.share_prefix == compiled
+    assert config.actor.engine.attn_implementation == ("sdpa_varlen" if varlen else "sdpa")
+    assert config.actor.engine.share_prefix == varlen
