@@ -72,7 +72,7 @@ def rollout_batch(rows: int, prompt_len: int, response_len: int, mean_response: 
 def update(engine: Any, loss_fn: Any, data: DataProto) -> dict[str, float]:
     """``Actor.forward_backward`` (on-policy path) followed by ``optim_step``."""
     view = engine_batch(data, extra_keys=("advantages",))
-    view.meta_info = {"temperature": 1.0, "compute_entropy": True, OLD_LOG_PROBS_FROM_UPDATE: True}
+    view.meta_info = {"temperature": 1.0, "compute_entropy": True, OLD_LOG_PROBS_FROM_UPDATE.name: True}
     with engine.train_mode():
         with record_function("phase/forward_backward"):
             _, metrics = engine.forward_backward(view, loss_fn)

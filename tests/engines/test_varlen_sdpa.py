@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from rlflow.engines.common.batching.packing import make_token_stream
-from rlflow.engines.common.batching.varlen_sdpa import SDPA_VARLEN, sequence_grid
+from rlflow.engines.common.batching.cpu_attention_dtype import FP32_UP_TO, attention_compute_dtype
+from rlflow.engines.common.batching.varlen_sdpa import SDPA_VARLEN, sdpa_varlen_attention, sequence_grid
 from rlflow.engines.common.forward.hf_module import forward_micro_batch, load_forward_module
 from rlflow.engines.common.forward.models import MODEL_KIND_REGISTRY
 from rlflow.engines.config import HFModuleEngineConfig, config_from_mapping
@@ -96,3 +97,25 @@ def test_calls_it_cannot_serve_say_what_to_use(model_path: Path) -> None:
     holes = torch.tensor([[1, 0, 1, 1]])
     with pytest.raises(ValueError, match="side by side"):
         make_token_stream(torch.tensor([[5, 6, 7, 8]]), holes, None, remove_padding=False, attn_implementation=SDPA_VARLEN)
+
+
+@pytest.mark.parametrize("lengths, fp32_kernel", [([30, 88, 57], True), ([FP32_UP_TO + 1, 20], False)])
+def test_bf16_on_a_cpu_runs_the_fp32_kernel_on_short_grids(lengths: list[int], fp32_kernel: bool) -> None:
+    """``cpu_attention_dtype``: a short bf16 grid gives exactly the fp32 kernel's output rounded once to bf16 (the
+    bf16 kernel would round inside); a grid past ``FP32_UP_TO`` positions keeps the bf16 kernel."""
+    torch.manual_seed(0)
+    slots, start = [], 0
+    for length in lengths:
+        slots.append(torch.arange(start, start + length))
+        start += length
+    sequence_slots, token_slots = sequence_grid(slots, start)
+    query, key, value = (torch.randn(1, heads, start, 64).to(torch.bfloat16) for heads in (8, 4, 4))
+
+    def attend(*states: torch.Tensor) -> torch.Tensor:
+        output, _ = sdpa_varlen_attention(None, *states, None, sequence_slots=sequence_slots, token_slots=token_slots)
+        return output
+
+    in_fp32 = attend(query.float(), key.float(), value.float()).to(torch.bfloat16)
+    assert (attention_compute_dtype(query.expand(len(lengths), -1, -1, -1)) is torch.float32) == fp32_kernel
+    assert torch.equal(attend(query, key, value), in_fp32) == fp32_kernel
+    assert attend(query, key, value).dtype == torch.bfloat16

@@ -19,7 +19,8 @@ passes through every layer to the attention function. Sequences are gathered by 
 tokens, so the padded layout (``use_remove_padding=false``) runs the same way.
 
 Cost: the grid repeats the attention input and output once per layer (three gathers and one
-back), and the attention runs over ``sequences x longest`` slots. Registered with transformers'
+back), and the attention runs over ``sequences x longest`` slots. bf16 on a CPU runs the fp32 kernel on short
+grids, where it is faster (``cpu_attention_dtype``). Registered with transformers'
 ``AttentionInterface`` on import; its mask function is flash attention's (no mask to build: a
 packed stream gets none, a padded one only its 2-D padding mask, which the grid makes unneeded).
 """
@@ -33,6 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+from rlflow.engines.common.batching.cpu_attention_dtype import attention_compute_dtype
 
 __all__ = ["SDPA_VARLEN", "sdpa_varlen_attention", "sequence_grid"]
 
@@ -86,8 +89,12 @@ def sdpa_varlen_attention(
         flat = states.transpose(0, 1).reshape(states.shape[1], batch * width, head_dim)
         return flat[:, sequence_slots].transpose(0, 1)
 
-    output = F.scaled_dot_product_attention(grid(query), grid(key), grid(value), is_causal=True, scale=scaling,
-                                            dropout_p=dropout, enable_gqa=key.shape[1] != query.shape[1])
+    grids = [grid(states) for states in (query, key, value)]
+    compute = attention_compute_dtype(grids[0])  # bf16 on a CPU: the faster fp32 kernel (cpu_attention_dtype.py)
+    if compute is not None:
+        grids = [states.to(compute) for states in grids]
+    output = F.scaled_dot_product_attention(*grids, is_causal=True, scale=scaling, dropout_p=dropout,
+                                            enable_gqa=key.shape[1] != query.shape[1]).to(query.dtype)
     sequences, heads, longest, _ = output.shape
     output = output.transpose(1, 2).reshape(sequences * longest, heads, head_dim).index_select(0, token_slots)
     return output.reshape(batch, width, heads, head_dim), None
