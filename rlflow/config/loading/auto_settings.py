@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -80,16 +80,15 @@ def _enforce_eager(node: DictConfig, run: RunShape) -> bool:
     return not (run.device == "cuda" or run.repays_start_up)
 
 
-# Resolved in this order (share_prefix reads the resolved attn_implementation): key -> rule.
-ENGINE_RULES: dict[str, Callable[[DictConfig, RunShape], Any]] = {
-    "attn_implementation": _attn_implementation, "share_prefix": _share_prefix, "compile": _compile}
-ROLLOUT_RULES: dict[str, Callable[[DictConfig, RunShape], Any]] = {"enforce_eager": _enforce_eager}
+Rules = dict[str, Callable[[DictConfig, RunShape], Any]]  # key -> the rule that sets it from the node and the run
+# Resolved in this order (share_prefix reads the resolved attn_implementation).
+ENGINE_RULES: Rules = {"attn_implementation": _attn_implementation, "share_prefix": _share_prefix, "compile": _compile}
+ROLLOUT_RULES: Rules = {"enforce_eager": _enforce_eager}
 
 
 def _int(value: Any) -> Optional[int]:
     """An int config value, or None for anything else (a bad value is reported later, by the typed checks)."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
 
 
 @dataclass(frozen=True)
@@ -111,28 +110,30 @@ class RunKeys:
         return RunShape(device=device if device in ("cpu", "cuda") else None, steps=steps, group_size=group or 1)
 
 
+def _speed_nodes(cfg: DictConfig, mounts: Iterable[str], keys: RunKeys) -> Iterator[tuple[str, DictConfig, Rules]]:
+    """Each engine node at ``mounts`` and the rollout node that ``cfg`` holds, with the rules of its speed keys."""
+    for mount, rules in [*((mount, ENGINE_RULES) for mount in mounts), (keys.rollout, ROLLOUT_RULES)]:
+        node = OmegaConf.select(cfg, mount, default=None) if mount else None
+        if isinstance(node, DictConfig):
+            yield mount, node, rules
+
+
 def settle_auto_settings(cfg: DictConfig, engine_mounts: tuple[str, ...], keys: RunKeys) -> DictConfig:
     """A copy of the raw ``cfg`` with every ``auto`` speed key set by its rule."""
     cfg = copy.deepcopy(cfg)
-    for mount, rules in [*((mount, ENGINE_RULES) for mount in engine_mounts), (keys.rollout, ROLLOUT_RULES)]:
-        node = OmegaConf.select(cfg, mount, default=None) if mount else None
-        if isinstance(node, DictConfig):
-            run = keys.shape(cfg, f"{mount}.device")
-            for key, rule in ((key, rule) for key, rule in rules.items() if node.get(key) == AUTO):
-                with open_dict(node):
-                    node[key] = rule(node, run)
+    for mount, node, rules in _speed_nodes(cfg, engine_mounts, keys):
+        run = keys.shape(cfg, f"{mount}.device")
+        for key, rule in ((key, rule) for key, rule in rules.items() if node.get(key) == AUTO):
+            with open_dict(node):
+                node[key] = rule(node, run)
     return cfg
 
 
 def speed_settings_line(config: DictConfig, mounts: Iterable[str], keys: RunKeys) -> str:
     """The start-up line a driver logs once its pre-Ray checks passed: the speed keys of the engines it uses
     (``mounts``) and of its rollout, as a validated ``config`` has them, and the run they were decided for."""
-    parts = []
-    for mount, rules in [*((mount, ENGINE_RULES) for mount in mounts), (keys.rollout, ROLLOUT_RULES)]:
-        node = OmegaConf.select(config, mount, default=None) if mount else None
-        if isinstance(node, DictConfig):
-            values = [f"{key}={_yaml(node[key])}" for key in rules if key in node]
-            parts.extend([f"{mount}: {' '.join(values)}"] if values else [])
+    parts = [f"{mount}: " + " ".join(f"{key}={_yaml(node[key])}" for key in rules if key in node)
+             for mount, node, rules in _speed_nodes(config, mounts, keys) if any(key in node for key in rules)]
     run = keys.shape(config, "trainer.device")
     return (f"speed settings ({run.describe()}): {'; '.join(parts)} (auto values follow the device and the run's "
             f"length: compile and vLLM graphs on a CPU from {REPAYING_STEPS} steps; docs/engines.md#auto-settings)")
