@@ -85,7 +85,8 @@ def prepare_run(config: DictConfig) -> PPOSetup:
     guard = DivergenceGuard.from_config(config)
     checkpoints = CheckpointManager.for_run(config)
     logger.info("old log-probs: %s", old_log_probs_source(plan))
-    roles = ["actor", *(["ref"] if plan.use_ref else []), *(["critic"] if plan.use_critic else [])]
+    roles = ["actor", *(["ref"] if plan.use_ref else []), *(["critic"] if plan.use_critic else []),
+             *(["reward.reward_model"] if config.reward.reward_model.enable else [])]
     logger.info(speed_settings_line(config, [f"{role}.engine" for role in roles], PPO_RUN_KEYS))
     set_seed(config.trainer.seed)
     return PPOSetup(config, plan, model_path, train_loader, val_loader, total_steps, reward_manager, scorer,

@@ -8,9 +8,10 @@ they know (the placement and launcher registries, the service's key rules), so c
 depends on no driver.
 
 ``EntryPoint.load`` runs every check in one order: plugins first (they may register names), then the
-``auto`` speed settings (``auto_settings.py``), then keys and types against the schema (each engine node against its engine's config class), every
-choice value, what the policy engine supports, bf16/fp16 on this CPU, and last the entry point's own
-checks. Numbers, the timeouts among them, are checked against their declared ranges with the keys and
+``auto`` speed settings (``auto_settings.py``: set from the run, before any key is typed), then keys and
+types against the schema (each engine node against its engine's config class), every choice value,
+what the policy engine supports, bf16/fp16 on this CPU, and last the entry point's own checks.
+Numbers, the timeouts among them, are checked against their declared ranges with the keys and
 types (``rlflow.config.ranges``). ``run`` then judges the machine (``machine_checks``) before the body
 starts anything.
 
