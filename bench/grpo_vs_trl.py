@@ -1,6 +1,6 @@
 """GRPO step time, rlflow against TRL's ``GRPOTrainer``, side by side on the same machine.
 
-    python bench/grpo_vs_trl.py [--json PATH] [--steps 5] [--rounds 2] [--trial-steps 3] [--quick]
+    python bench/grpo_vs_trl.py [--json PATH] [--steps 5] [--rounds 2] [--trial-steps 3] [--dtypes fp32 bf16] [--quick]
     python bench/grpo_vs_trl.py --device cuda --preset 500m --rollout hf --trl-python python3   (a GPU machine)
 
 The workload is issue 16's (``bench/grpo_workload.py``): the random ``25m`` Qwen2, 32 prompts x
@@ -37,7 +37,8 @@ folder and the same parquet rows.
    Elsewhere one line says why bf16 is skipped.
 
 ``--quick``: 4 prompts x 4 samples x 8 new tokens, 1 round, 2 timed steps, 1 timed trial step (a
-smoke run).
+smoke run). ``--dtypes bf16`` (or ``fp32``) runs one dtype's search, contenders and rows only: the fp32
+search alone takes about an hour on 2 cores.
 
 On a GPU (``--device cuda``) both frameworks train there, one rlflow worker per GPU; TRL's trials
 leave torch threads at 1 (they do not change GPU work); the peak is the GPU's matmul rate at each
@@ -226,6 +227,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--preset", default=Workload.preset, help="rlflow model preset (rlflow.models.presets)")
     parser.add_argument("--rollout", default="vllm", choices=["vllm", "hf"], help="rlflow's rollout engine")
     parser.add_argument("--trl-python", default=None, help="run TRL with this Python instead of building the venv")
+    parser.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"],
+                        help="the dtypes to compare (bf16 only where the hardware has native bf16)")
     parser.add_argument("--quick", action="store_true", help="tiny workload, 1 round, 2 steps: a smoke run")
     parser.add_argument("--out", default="outputs/bench/grpo_vs_trl")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before one run is killed")
@@ -279,9 +282,11 @@ def prepare_contenders(python: Path, loads: list[Workload], model: Path, data: P
 def comparison_rows(stats: dict[str, StepStats], best: dict[str, TrlConfig], params: int, peak: float) -> list[Row]:
     """The result's rows, printed: each rlflow contender against TRL's best at its dtype, rlflow best fp32
     against the FLOP limit."""
-    rows = [speedup_row("fp32", "defaults", stats, best["float32"], 1.5),
-            speedup_row("fp32", "best", stats, best["float32"], None),
-            flop_limit_row(stats["rlflow best fp32"], params, peak)]
+    rows = []
+    if "float32" in best:
+        rows += [speedup_row("fp32", "defaults", stats, best["float32"], 1.5),
+                 speedup_row("fp32", "best", stats, best["float32"], None),
+                 flop_limit_row(stats["rlflow best fp32"], params, peak)]
     if "bfloat16" in best:
         rows += [speedup_row("bf16", "defaults", stats, best["bfloat16"], 1.5),
                  speedup_row("bf16", "best", stats, best["bfloat16"], None)]
@@ -293,6 +298,11 @@ def main() -> int:
     workload = Workload(preset=args.preset, device=args.device)
     if args.quick:
         workload = replace(workload, prompts=4, samples=4, new_tokens=8)
+    loads = [load for load in [workload] + ([replace(workload, dtype="bfloat16")] if native_bf16(args.device) else [])
+             if dtype_tag(load) in args.dtypes]
+    if not loads:
+        print("error: --dtypes bf16 on hardware without native bf16 leaves nothing to compare", file=sys.stderr)
+        return 2
     out = (REPO / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     wall = time.perf_counter()
@@ -309,9 +319,8 @@ def main() -> int:
     print(peak_line)
     rlflow_line = print_rlflow_settings(workload, model, data, out, args)
     print(bf16_line(args.device))
-    loads = [workload] + ([replace(workload, dtype="bfloat16")] if native_bf16(args.device) else [])
     best, contenders, trials_line = prepare_contenders(python, loads, model, data, out, args)
-    prompt_line = same_prompt_line(model, data, trl_log(out, workload, best[workload.dtype]))
+    prompt_line = same_prompt_line(model, data, trl_log(out, loads[0], best[loads[0].dtype]))
     print(prompt_line)
 
     stats, rss = run_rounds(contenders, args.rounds)
