@@ -74,3 +74,10 @@ def test_validate_checks_models_port_and_checkpoint_folder_and_creates_nothing(t
                              overrides + [f"service.checkpoint_dir={tmp_path / 'a_file' / 'ckpt'}"])
     assert message.startswith("config key 'service.checkpoint_dir': ")
     assert "a_file is a file, so the path cannot be created" in message
+
+
+def test_a_base_model_name_with_a_slash_is_set_as_a_mapping():
+    """``service.models.<name>=`` cannot name ``org/name`` (Hydra's key grammar); the mapping form can."""
+    config = compose_service_config(["service.api_keys=[tml-a]", "service.models={Qwen/Qwen3-8B-Base:/x}",
+                                     "service.models.tiny=/y"])
+    assert dict(config.service.models) == {"Qwen/Qwen3-8B-Base": "/x", "tiny": "/y"}

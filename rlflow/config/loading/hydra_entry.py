@@ -77,12 +77,14 @@ def expand_group_shorthands(argv: list[str], group_mounts: Mapping[str, str]) ->
 
 
 def add_free_form_keys(argv: list[str], mappings: tuple[str, ...]) -> list[str]:
-    """``++`` before each ``key=value`` under one of ``mappings`` (free-form nodes, such as the service's
-    ``service.models``), so ``service.models.tiny=/path`` adds a key instead of failing Hydra's struct check."""
+    """``++`` before each ``key=value`` that sets one of ``mappings`` (free-form nodes, such as the service's
+    ``service.models``) or a key under it, so ``service.models.tiny=/path`` adds a key instead of failing Hydra's
+    struct check, and ``service.models={org/name:/path}`` names keys that a dotted path cannot (a ``/``)."""
     expanded = []
     for arg in argv:
         key, sep, _ = arg.partition("=")
-        if sep and any(key.lstrip("+").startswith(f"{mapping}.") for mapping in mappings):
+        key = key.lstrip("+")
+        if sep and any(key == mapping or key.startswith(f"{mapping}.") for mapping in mappings):
             arg = f"++{arg.lstrip('+')}"
         expanded.append(arg)
     return expanded
