@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# rlflow agentic demo: a tiny model learns to use a calculator tool with multi-turn GRPO (2 CPU cores, about 7 min).
+# rlflow agentic demo: a tiny model learns to use a calculator tool with multi-turn GRPO (2 CPU cores; 7.5 min on AVX-512).
 #
 #   make demo-agent                                  # or, with the .venv active: recipes/demo_agent.sh
 #   make demo-agent DEMO_SEED=1                      # knobs (environment variables):
