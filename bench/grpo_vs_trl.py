@@ -298,8 +298,8 @@ def main() -> int:
     workload = Workload(preset=args.preset, device=args.device)
     if args.quick:
         workload = replace(workload, prompts=4, samples=4, new_tokens=8)
-    loads = [load for load in [workload] + ([replace(workload, dtype="bfloat16")] if native_bf16(args.device) else [])
-             if dtype_tag(load) in args.dtypes]
+    loads = [replace(workload, dtype={"fp32": "float32", "bf16": "bfloat16"}[tag]) for tag in dict.fromkeys(args.dtypes)
+             if tag == "fp32" or native_bf16(args.device)]
     if not loads:
         print("error: --dtypes bf16 on hardware without native bf16 leaves nothing to compare", file=sys.stderr)
         return 2
