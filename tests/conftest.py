@@ -73,5 +73,48 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_group_of(nodeid)
 
+        def remove_node(self, node):
+            """A crashed worker's test fails once; the rest of its group goes back to the queue.
+
+            xdist's scope scheduler queues the crashed test again with its group, so a test that hangs until
+            the timeout ends its process again in every replacement worker (eight by default: 80 minutes at
+            a 600 s timeout). Marking it done first leaves one failure and one timeout.
+            """
+            crashed = next((nodeid for unit in self.assigned_work.get(node, {}).values()
+                            for nodeid, done in unit.items() if not done), None)
+            for unit in self.assigned_work.get(node, {}).values():
+                if crashed in unit:
+                    unit[crashed] = True
+            rest = super().remove_node(node)
+            return crashed if crashed is not None else rest
+
     config.option.loadscopereorder = False  # xdist would order scopes by test count: the demo group last
     return GroupScheduling(config, log)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A hard stop behind pytest-timeout. Its thread method needs the GIL to end a test, so a test stuck in C code
+# that holds it (a deadlocked extension) would hang the run until CI's own limit, with nothing printed.
+# faulthandler's watchdog is a C thread: HARD_STOP_GRACE_S after a test's timeout it writes every thread's
+# stack to the stderr the run started with and ends the process; xdist reports the test as crashed.
+import faulthandler  # noqa: E402
+
+HARD_STOP_GRACE_S = 30
+_run_stderr = None  # a duplicate of the run's stderr, taken before pytest captures it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _run_stderr
+    _run_stderr = os.fdopen(os.dup(2), "w")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    marker = item.get_closest_marker("timeout")
+    timeout = float(marker.args[0]) if marker and marker.args else float(item.config.getini("timeout") or 0)
+    if timeout > 0 and _run_stderr is not None:
+        faulthandler.dump_traceback_later(timeout + HARD_STOP_GRACE_S, exit=True, file=_run_stderr)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
