@@ -9,14 +9,17 @@ Batch layout (``DataProto.batch``), all ``[B, T]`` and aligned on tokens:
 
 * ``input_ids`` (long), ``attention_mask`` (1 = real token; left and/or right padding);
 * ``position_ids`` (optional; default ``cumsum(attention_mask) - 1``);
-* ``loss_mask`` (needed whenever a ``loss_fn`` is given): which tokens the loss covers.
+* ``loss_mask`` (needed whenever a ``loss_fn`` is given): which tokens the loss covers;
+* ``target_ids`` (optional, long): the token whose log-prob column ``t`` reports instead of ``input_ids[b, t]``
+  (Tinker's per-position targets; a row may be scored for tokens it does not contain).
 
 ``meta_info`` may carry ``temperature`` (default 1.0) and ``compute_entropy`` (default False): ``TEMPERATURE``
 and ``COMPUTE_ENTROPY`` of ``rlflow.meta_info``.
 
 Per-token outputs, ``[B, T]`` in the input order, zero where undefined:
 
-* ``log_probs[b, t]`` = log p(input_ids[b, t] | input_ids[b, :t]) / temperature-scaled logits
+* ``log_probs[b, t]`` = log p(input_ids[b, t] | input_ids[b, :t]) / temperature-scaled logits (``target_ids[b, t]``
+  in place of ``input_ids[b, t]`` where given)
   (the log-prob *of* token t, so it lines up with ``loss_mask``; 0 at each sequence's first token);
 * ``entropy[b, t]`` = entropy of the distribution that token t was drawn from (only when requested);
 * ``values[b, t]`` = the score head's output at token t (value models; the state after token t).

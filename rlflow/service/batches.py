@@ -2,10 +2,11 @@
 
 A ``Datum`` of N positions (``model_input`` tokens ``x``, ``target_tokens`` ``y``, position ``i``
 predicting ``y[i]``) becomes the engine row ``x + [y[-1]]`` (N + 1 tokens, right-padded): the
-engine scores token ``t`` given the tokens before it, so column ``t + 1`` scores ``y[t]`` exactly
-when the targets are the inputs shifted by one (``y[:-1] == x[1:]``), which is how every Tinker
-datum for a causal LM is built. A datum whose targets are not that shift is refused: the engine
-computes the log-probs of the sequence it runs, not of arbitrary tokens.
+engine scores column ``t + 1`` given the tokens before it, which is ``y[t]`` when the targets are the inputs
+shifted by one (``y[:-1] == x[1:]``, how a supervised datum is built). Targets that are not that shift (the
+cookbook's RL loop puts 0 at prompt positions, whose advantage is 0) go to the engine as ``target_ids``
+(``rlflow.engines.base``): column ``t + 1`` then scores ``y[t]`` whatever the row holds there. A batch whose
+data are all shifts carries no such column, so the engines' prefix sharing stays open to it.
 
 Each per-position ``loss_fn_input`` moves to the same columns (``losses.INPUT_COLUMNS``), and
 ``loss_mask`` marks columns ``1..N``. A custom loss's other inputs (``rlflow.service.custom_losses``) get columns
@@ -54,9 +55,6 @@ def _check(index: int, datum: Datum, needed: Mapping[str, int], max_len: int) ->
         if len(values) != (n if rank == 1 else 1):
             raise LossInputError(f"datum {index}: loss_fn_inputs[{name!r}] has {len(values)} values for "
                                  f"{f'{n} positions' if rank == 1 else 'one per datum (rank 0)'}")
-    targets = [int(t) for t in datum.loss_fn_inputs["target_tokens"]]
-    if targets[:-1] != [int(t) for t in datum.tokens[1:]]:
-        raise LossInputError(f"datum {index}: target_tokens must be model_input shifted by one (next-token targets)")
 
 
 def training_batch(data: list[Datum], needed: Mapping[str, int], pad_token_id: int, max_len: int) -> DataProto:
@@ -89,7 +87,19 @@ def training_batch(data: list[Datum], needed: Mapping[str, int], pad_token_id: i
                 columns[input_column(name, rank)][row] = values[0]
     loss_mask = attention_mask.clone()
     loss_mask[:, 0] = 0
+    if not all(_targets_are_next_tokens(datum) for datum in data):
+        columns["target_ids"] = input_ids.clone()
+        for row, datum in enumerate(data):
+            columns["target_ids"][row, 1 : len(datum.tokens) + 1] = _targets(datum)
     return DataProto.from_dict({"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, **columns})
+
+
+def _targets(datum: Datum) -> torch.Tensor:
+    return torch.tensor([int(t) for t in datum.loss_fn_inputs["target_tokens"]], dtype=torch.long)
+
+
+def _targets_are_next_tokens(datum: Datum) -> bool:
+    return _targets(datum)[:-1].tolist() == [int(t) for t in datum.tokens[1:]]
 
 
 def per_datum_logprobs(log_probs: torch.Tensor, data: list[Datum]) -> list[list[float]]:

@@ -20,6 +20,7 @@ import torch
 from checkpoint_scenarios import checkpoint_errors_suite, checkpoint_suite, reshard_suite, resume_after_kill
 from engine_testlib import (
     ENGINES,
+    VOCAB_LIMIT,
     engine_config,
     engines_with,
     engines_with_option,
@@ -39,6 +40,7 @@ from engine_testlib import (
 )
 from rlflow.algos import agg_loss, loss_agg_modes
 from rlflow.engines.base import Capability
+from rlflow.protocol import DataProto
 
 HORIZON = 24.0
 
@@ -246,6 +248,16 @@ def packing_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -
                 "entropy": out.batch["entropy"],
                 "num_micro_batches": metrics["num_micro_batches"],
             }
+    targeted = make_batch(seed=53, rows=5, width=20)  # a Tinker datum's own targets, e.g. 0 at prompt positions
+    targeted.batch["target_ids"] = torch.randint(0, VOCAB_LIMIT, (5, 20), generator=torch.Generator().manual_seed(53))
+    with torch.no_grad():
+        results["targets_reference"] = reference_token_stats(reference_model(model_path), targeted)[0]
+        untargeted = DataProto.from_dict({key: value for key, value in targeted.batch.items() if key != "target_ids"})
+        results["targets_untargeted"] = reference_token_stats(reference_model(model_path), untargeted)[0]
+    for name in ENGINES:
+        for packed in (True, False):
+            engine = new_engine(engine_config(name, use_remove_padding=packed, micro_batch_size=2), model_path)
+            results[(name, "targets", packed)] = engine.forward_backward(targeted, forward_only=True)[0].batch["log_probs"]
     grouped = make_grouped_batch(seed=52)
     with torch.no_grad():
         results["grouped_reference"] = reference_token_stats(reference_model(model_path), grouped)[0]

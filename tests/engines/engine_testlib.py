@@ -207,15 +207,16 @@ def reference_model(model_path: Path, device: str = "cpu") -> torch.nn.Module:
 def reference_token_stats(
     model: torch.nn.Module, batch: DataProto, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob and entropy of each token from the full padded logits; [B, T] on the CPU, 0 where undefined.
-    The batch goes to the model's device."""
+    """Log-prob and entropy of each token (of ``target_ids`` where the batch has them) from the full padded logits;
+    [B, T] on the CPU, 0 where undefined. The batch goes to the model's device."""
     device = next(model.parameters()).device
     ids, mask = batch.batch["input_ids"].to(device), batch.batch["attention_mask"].to(device)
+    scored = batch.batch.get("target_ids", batch.batch["input_ids"]).to(device)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_of(mask), use_cache=False).logits
     log_softmax = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
     log_probs = torch.zeros(ids.shape, device=device)
     entropy = torch.zeros(ids.shape, device=device)
-    log_probs[:, 1:] = log_softmax.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    log_probs[:, 1:] = log_softmax.gather(-1, scored[:, 1:, None]).squeeze(-1)
     entropy[:, 1:] = -(log_softmax.exp() * log_softmax).sum(-1)
     defined = torch.zeros(ids.shape, device=device)
     defined[:, 1:] = (mask[:, 1:] * mask[:, :-1]).float()

@@ -79,6 +79,27 @@ def test_a_widened_stream_keeps_every_token_and_target(remove_padding: bool) -> 
     assert stream.widened(5) is stream
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed", "varlen"])
+def test_target_ids_replace_the_predicted_tokens_in_every_layout_and_widening(layout: str) -> None:
+    """A batch's ``target_ids`` (Tinker's per-position targets): each predicted position gets its target, the
+    stream's input tokens stay the batch's, and the per-slot next tokens (sequence and pipeline parallelism)
+    carry the targets too."""
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 0, 0, 0], [1, 2, 3, 4, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
+    targets = 100 + torch.arange(15).reshape(3, 5)
+    options = {"padded": dict(remove_padding=False), "packed": dict(remove_padding=True),
+               "varlen": dict(remove_padding=True, attn_implementation="flash_attention_2")}[layout]
+    plain = make_token_stream(ids, mask, None, **options)
+    stream = make_token_stream(ids, mask, None, target_ids=targets, **options)
+    predicted = _targets_as_rows(plain) != 0
+    assert torch.equal(stream.input_ids, plain.input_ids)
+    assert torch.equal(_targets_as_rows(stream), torch.where(predicted, targets, 0))
+    for wide in (stream, stream.widened(4)):
+        from_next = torch.zeros(wide.input_ids.numel(), dtype=torch.long)
+        from_next[wide.target_index] = wide.next_tokens.reshape(-1)[wide.source_index]
+        assert torch.equal(wide.to_rows(from_next), torch.where(predicted, targets, 0))
+
+
 def test_packed_rows_fill_the_tail_with_a_separate_block() -> None:
     ids = torch.arange(1, 13).reshape(3, 4)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])

@@ -107,6 +107,17 @@ def test_packed_and_padded_forwards_agree(engine: str, one_rank: Path) -> None:
     assert ref_log_probs.abs().sum() > 0 and ref_entropy.abs().sum() > 0
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_target_ids_are_scored_in_place_of_the_next_tokens(engine: str, one_rank: Path) -> None:
+    """A batch's ``target_ids`` (a Tinker datum's per-position targets): packed and padded, each column's log-prob
+    is the HF model's log-prob of the target there, not of the token the row holds."""
+    results = _results(one_rank, "packing.pt")
+    reference = results["targets_reference"]
+    for packed in (True, False):
+        torch.testing.assert_close(results[(engine, "targets", packed)], reference, atol=TOKEN_TOL, rtol=0, msg=str(packed))
+    assert (reference - results["targets_untargeted"]).abs().max() > 1000 * TOKEN_TOL  # the targets change the scores
+
+
 @pytest.mark.parametrize("engine", engines_with_option("share_prefix"))
 def test_shared_prompts_over_dynamic_micro_batches_match_the_hf_model(engine: str, one_rank: Path) -> None:
     """``share_prefix`` through the engine, its prompts laid out once over several dynamic micro-batches (the

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM
 
 from rlflow.engines.common.batching.micro_batching import MicroBatchPlan, plan_micro_batches
 from rlflow.engines.common.batching.prefix_sharing import prefix_row_groups, shared_prefix_stream
@@ -81,6 +82,29 @@ def test_outputs_and_gradients_match_the_hf_model_on_the_padded_batch(model_path
     assert our_grads.keys() == reference_grads.keys()
     for name, grad in reference_grads.items():
         torch.testing.assert_close(our_grads[name], grad, atol=TOL, rtol=TOL, msg=name)
+
+
+def test_a_batch_with_target_ids_is_laid_out_unshared_and_scores_its_targets(model_path: Path) -> None:
+    """Rows of one prompt may give its positions different targets (``target_ids``): with ``share_prefix`` on,
+    such a batch is not shared, and every column scores its row's target as the padded HF forward does."""
+    batch = _batch()
+    targets = batch.batch["input_ids"].clone()
+    targets[:, :PROMPT] = torch.arange(len(ROWS))[:, None]  # each row its own target at its prompt's positions
+    batch.batch["target_ids"] = targets
+    runs = {}
+    for name, config in (("shared", _config(attn_implementation=SDPA_VARLEN, share_prefix=True)),
+                         ("hf", _config(attn_implementation="sdpa", use_remove_padding=False))):
+        module = load_forward_module(MODEL_KIND_REGISTRY.get("causal_lm"), model_path, config, rank=0)
+        with torch.no_grad():
+            runs[name] = forward_micro_batch(module, batch, config, config.attn_implementation, torch.device("cpu"))
+    torch.testing.assert_close(runs["shared"]["log_probs"], runs["hf"]["log_probs"], atol=TOL, rtol=0)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    mask = batch.batch["attention_mask"]
+    with torch.no_grad():
+        logits = model(input_ids=batch.batch["input_ids"], attention_mask=mask,
+                       position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    expected = logits[:, :-1].log_softmax(-1).gather(-1, targets[:, 1:, None])[..., 0] * (mask[:, 1:] * mask[:, :-1])
+    torch.testing.assert_close(runs["hf"]["log_probs"][:, 1:], expected, atol=TOL, rtol=0)
 
 
 def test_a_slot_in_several_sequences_reads_the_first() -> None:

@@ -27,19 +27,25 @@ LOSS_CONFIGS = {"cross_entropy": None, "importance_sampling": None, "ppo": {"cli
                 "gspo": {"clip_low_threshold": 0.95, "clip_high_threshold": 1.05}}
 
 
+PROMPT_POSITIONS = 3  # the first positions are the prompt's: target 0 and advantage 0, as tinker-cookbook's rl_loop
+
+
 def _rl_data(client, generator: torch.Generator) -> list[types.Datum]:
     """The arithmetic texts as RL data: sampler log-probs within 0.3 of the client's own, random advantages and
-    weights, and gspo's mask on every target but the first."""
+    weights, gspo's mask on every target but the first, and the cookbook's prompt positions (targets that are
+    not the next tokens)."""
     data = sft_data(client.get_tokenizer(), ARITHMETIC[:4])
     forward = client.forward(data, "cross_entropy").result()
     rl = []
     for datum, output in zip(data, forward.loss_fn_outputs):
         own = torch.tensor(output["logprobs"].tolist())
         n = len(own)
+        prompt = torch.arange(n) < PROMPT_POSITIONS
+        targets = torch.tensor(datum.loss_fn_inputs["target_tokens"].tolist()).masked_fill(prompt, 0)
         rl.append(types.Datum(model_input=datum.model_input, loss_fn_inputs={
-            "target_tokens": datum.loss_fn_inputs["target_tokens"],
-            "logprobs": (own + (torch.rand(n, generator=generator) - 0.5) * 0.6).tolist(),
-            "advantages": torch.randn(n, generator=generator).tolist(),
+            "target_tokens": targets.tolist(),
+            "logprobs": (own + (torch.rand(n, generator=generator) - 0.5) * 0.6).masked_fill(prompt, 0.0).tolist(),
+            "advantages": torch.randn(n, generator=generator).masked_fill(prompt, 0.0).tolist(),
             "weights": torch.rand(n, generator=generator).tolist(),
             "sequence_ratio_mask": [0.0] + [1.0] * (n - 1)}))
     return rl

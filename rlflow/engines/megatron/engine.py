@@ -226,6 +226,7 @@ class MegatronEngine(DelegatingEngine):
         stream = make_token_stream(
             micro.batch["input_ids"], micro.batch["attention_mask"], micro.batch.get("position_ids"),
             remove_padding=self.config.use_remove_padding, hidden_size=self.plan.hf.hidden_size,
+            target_ids=micro.batch.get("target_ids"),
         )
         return stream.widened(self.plan.layout.tensor_parallel) if self.config.sequence_parallel else stream
 

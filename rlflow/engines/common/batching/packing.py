@@ -102,6 +102,7 @@ class TokenStream:
     sequence_slots: Optional[torch.Tensor] = None  # sdpa_varlen's attention grid (varlen_sdpa.sequence_grid)
     token_slots: Optional[torch.Tensor] = None
     attention_extras: dict[str, Any] = field(default_factory=dict)  # more for the attention function (ulysses.py)
+    label_ids: Optional[torch.Tensor] = None  # [rows, width]: the token each slot is scored as (None: its input token)
 
     def attention_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the model call that its attention function reads (sdpa_varlen's grid, extras)."""
@@ -110,16 +111,31 @@ class TokenStream:
         return {"sequence_slots": self.sequence_slots, "token_slots": self.token_slots, **self.attention_extras}
 
     @property
+    def scored_ids(self) -> torch.Tensor:
+        """``[rows, width]``: the token each slot's log-prob is computed for: ``label_ids`` where a batch gave
+        ``target_ids`` (``with_target_ids``), else the slot's input token."""
+        return self.input_ids if self.label_ids is None else self.label_ids
+
+    @property
     def next_tokens(self) -> torch.Tensor:
-        """``[rows, width]``: the token in each slot's next slot of its row (0 in a row's last slot): what every slot
-        predicts where every slot's log-prob is computed (sequence and pipeline parallelism); ``source_index``
+        """``[rows, width]``: the scored token of each slot's next slot of its row (0 in a row's last slot): what every
+        slot predicts where every slot's log-prob is computed (sequence and pipeline parallelism); ``source_index``
         keeps the predictions of a token of the same sequence."""
-        return torch.nn.functional.pad(self.input_ids[:, 1:], (0, 1))
+        return torch.nn.functional.pad(self.scored_ids[:, 1:], (0, 1))
 
     @property
     def labels(self) -> torch.Tensor:
         """The token each ``source_index`` slot predicts."""
-        return self.input_ids.reshape(-1).index_select(0, self.target_index)
+        return self.scored_ids.reshape(-1).index_select(0, self.target_index)
+
+    def with_target_ids(self, target_ids: torch.Tensor) -> "TokenStream":
+        """The same stream scoring ``target_ids`` (``[b, T]``, aligned with the micro-batch's rows) instead of the
+        input tokens: each real token's slot gets its row position's target. A layout that lays one slot out for
+        several row positions (``prefix_sharing``) cannot take per-row targets; ``shares_prefix`` keeps such
+        batches unshared."""
+        flat = self.input_ids.reshape(-1).clone()
+        flat[self.slot_index] = target_ids.reshape(-1).to(flat).index_select(0, self.batch_index)
+        return replace(self, label_ids=flat.view_as(self.input_ids))
 
     def to(self, device: torch.device) -> "TokenStream":
         """The same stream with its tensors on ``device`` (a layout is computed on the host, where its
@@ -145,7 +161,8 @@ class TokenStream:
 
         filler = torch.arange(extra, device=self.position_ids.device).to(self.position_ids).expand(rows, extra)
         mask = None if self.attention_mask is None else torch.nn.functional.pad(self.attention_mask, (0, extra))
-        return replace(self, input_ids=torch.nn.functional.pad(self.input_ids, (0, extra)),
+        labels = None if self.label_ids is None else torch.nn.functional.pad(self.label_ids, (0, extra))
+        return replace(self, input_ids=torch.nn.functional.pad(self.input_ids, (0, extra)), label_ids=labels,
                        position_ids=torch.cat([self.position_ids, filler], dim=1), attention_mask=mask,
                        slot_index=moved(self.slot_index), source_index=moved(self.source_index),
                        target_index=moved(self.target_index))
@@ -231,8 +248,16 @@ def make_token_stream(
     remove_padding: bool,
     attn_implementation: str = "sdpa",
     hidden_size: Optional[int] = None,
+    target_ids: Optional[torch.Tensor] = None,
 ) -> TokenStream:
-    """Lay out a ``[b, T]`` micro-batch for one model call (see the module docstring)."""
+    """Lay out a ``[b, T]`` micro-batch for one model call (see the module docstring); with ``target_ids``
+    (``[b, T]``, the batch's optional column of that name) the stream scores them instead of the input tokens."""
+    stream = _layout(input_ids, attention_mask, position_ids, remove_padding, attn_implementation, hidden_size)
+    return stream if target_ids is None else stream.with_target_ids(target_ids)
+
+
+def _layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: Optional[torch.Tensor],
+            remove_padding: bool, attn_implementation: str, hidden_size: Optional[int]) -> TokenStream:
     batch_rows, width = input_ids.shape
     position_ids, mask, real_cols = real_columns(attention_mask, position_ids)
     device = input_ids.device

@@ -41,10 +41,11 @@ __all__ = ["prefix_row_groups", "shared_prefix_stream", "shares_prefix"]
 
 
 def shares_prefix(config: EngineConfig, batch: DataProto) -> bool:
-    """Whether ``batch``'s shared prefixes are laid out once: the HF-module option ``share_prefix`` is on and a
-    ``loss_mask`` marks where each row's prefix ends. Read by the shared forward and micro-batch loop, so every
-    engine built on them honours the option."""
-    return isinstance(config, HFModuleEngineConfig) and config.share_prefix and "loss_mask" in batch.batch
+    """Whether ``batch``'s shared prefixes are laid out once: the HF-module option ``share_prefix`` is on, a
+    ``loss_mask`` marks where each row's prefix ends, and no ``target_ids`` give rows their own targets inside
+    a prefix. Read by the shared forward and micro-batch loop, so every engine built on them honours the option."""
+    return (isinstance(config, HFModuleEngineConfig) and config.share_prefix and "loss_mask" in batch.batch
+            and "target_ids" not in batch.batch)
 
 
 def _prefix_lengths(mask: torch.Tensor, loss_mask: torch.Tensor) -> list[int]:

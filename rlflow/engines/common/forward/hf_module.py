@@ -72,7 +72,8 @@ def micro_batch_stream(
     if shares_prefix(config, micro):
         return shared_prefix_stream(ids, mask, positions, micro.batch["loss_mask"])
     return make_token_stream(ids, mask, positions, remove_padding=config.use_remove_padding,
-                             attn_implementation=attn_implementation, hidden_size=hidden_size)
+                             attn_implementation=attn_implementation, hidden_size=hidden_size,
+                             target_ids=micro.batch.get("target_ids"))
 
 
 def hf_named_tensors(

@@ -206,7 +206,7 @@ class UlyssesShard:
         self.labels = F.pad(whole.next_tokens.reshape(-1), (0, filler))[own]  # the last slot's is never read
         grid = {} if whole.token_slots is None else {"token_slots": F.pad(whole.token_slots, (0, filler))}
         exchange = UlyssesExchange(group, size, kernel, positions[None])
-        self.stream = replace(whole, input_ids=ids[own][None], position_ids=positions[own][None],
+        self.stream = replace(whole, input_ids=ids[own][None], position_ids=positions[own][None], label_ids=None,
                               attention_extras={"ulysses": exchange}, **grid)
 
     def prediction_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
