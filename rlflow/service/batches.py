@@ -21,6 +21,7 @@ from typing import Mapping
 import torch
 
 from rlflow.protocol import DataProto
+from rlflow.service.catalogue import check_token_ids
 from rlflow.service.losses import INPUT_COLUMNS, LossInputError
 
 
@@ -41,12 +42,13 @@ def input_column(name: str, rank: int) -> str:
     return INPUT_COLUMNS[name] if rank == 1 and name in INPUT_COLUMNS else f"custom_input:{name}"
 
 
-def _check(index: int, datum: Datum, needed: Mapping[str, int], max_len: int) -> None:
+def _check(index: int, datum: Datum, needed: Mapping[str, int], max_len: int, vocab_size: int) -> None:
     n = len(datum.tokens)
     if n == 0:
         raise LossInputError(f"datum {index}: model_input is empty")
     if n + 1 > max_len:
         raise SequenceTooLongError(f"datum {index}: {n} positions + 1 target exceed the model's context of {max_len} tokens")
+    check_token_ids(datum.tokens, vocab_size, f"datum {index}: model_input", LossInputError)
     per_position = {name: 1 for name in INPUT_COLUMNS if name in datum.loss_fn_inputs}  # each checked when present
     for name, rank in {"target_tokens": 1, **per_position, **needed}.items():
         values = datum.loss_fn_inputs.get(name)
@@ -55,15 +57,17 @@ def _check(index: int, datum: Datum, needed: Mapping[str, int], max_len: int) ->
         if len(values) != (n if rank == 1 else 1):
             raise LossInputError(f"datum {index}: loss_fn_inputs[{name!r}] has {len(values)} values for "
                                  f"{f'{n} positions' if rank == 1 else 'one per datum (rank 0)'}")
+    check_token_ids(datum.loss_fn_inputs["target_tokens"], vocab_size, f"datum {index}: target_tokens", LossInputError)
 
 
-def training_batch(data: list[Datum], needed: Mapping[str, int], pad_token_id: int, max_len: int) -> DataProto:
+def training_batch(data: list[Datum], needed: Mapping[str, int], pad_token_id: int, max_len: int,
+                   vocab_size: int) -> DataProto:
     """The engine batch of ``data`` for a loss reading the inputs ``needed`` (name -> rank) besides ``target_tokens``;
-    ``LossInputError`` names what a datum lacks."""
+    ``LossInputError`` names what a datum lacks or a token outside the model's ``vocab_size``."""
     if not data:
         raise LossInputError("the request holds no data")
     for index, datum in enumerate(data):
-        _check(index, datum, needed, max_len)
+        _check(index, datum, needed, max_len, vocab_size)
     width = max(len(datum.tokens) for datum in data) + 1
     rows = len(data)
     input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)

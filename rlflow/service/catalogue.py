@@ -65,6 +65,7 @@ class BaseModel:
     path: Path
     pad_token_id: int
     end_token_ids: frozenset[int]
+    vocab_size: int  # rows of the model's embedding: token ids a request may hold are 0..vocab_size - 1
 
 
 def load_base_models(models: Mapping[str, Any]) -> dict[str, BaseModel]:
@@ -73,8 +74,26 @@ def load_base_models(models: Mapping[str, Any]) -> dict[str, BaseModel]:
     for name, folder in models.items():
         path = require_model_folder(str(folder)).resolve()
         tokenizer = load_tokenizer(path)
-        catalogue[str(name)] = BaseModel(str(name), path, int(tokenizer.pad_token_id), eos_token_ids(path, tokenizer))
+        catalogue[str(name)] = BaseModel(str(name), path, int(tokenizer.pad_token_id), eos_token_ids(path, tokenizer),
+                                         model_vocab_size(path))
     return catalogue
+
+
+def model_vocab_size(path: Path) -> int:
+    """The ``vocab_size`` of an HF folder's ``config.json`` (its ``text_config``'s for a multimodal model)."""
+    config = read_json(path / "config.json", what="the model's config")
+    size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    if not isinstance(size, int) or size < 1:
+        raise FileFormatError(f"{path / 'config.json'} has no positive integer vocab_size")
+    return size
+
+
+def check_token_ids(tokens: list[int], vocab_size: int, what: str, error: type[Exception]) -> None:
+    """``error`` naming the first of ``tokens`` outside the model's vocabulary (an embedding row it lacks)."""
+    outside = next(((position, token) for position, token in enumerate(tokens) if not 0 <= int(token) < vocab_size), None)
+    if outside is not None:
+        raise error(f"{what}: token {outside[1]} at position {outside[0]} is outside the model's vocabulary "
+                    f"0..{vocab_size - 1}")
 
 
 def find_base_model(catalogue: dict[str, BaseModel], requested: str) -> BaseModel:

@@ -28,7 +28,7 @@ from rlflow.meta_info import SAMPLING
 from rlflow.protocol import DataProto
 from rlflow.rollout.processing import left_pad
 from rlflow.rollout.prompt_scores import PROMPT_LOG_PROBS, PROMPT_TOPK_IDS, PROMPT_TOPK_LOG_PROBS
-from rlflow.service.catalogue import BaseModel
+from rlflow.service.catalogue import BaseModel, check_token_ids
 from rlflow.service.futures import Payload
 from rlflow.service.wire import PROTOBUF, TOPK_SENTINEL_LOGPROB, SampledSequence, TopkArrays, encode_sample_response
 
@@ -108,9 +108,11 @@ class SamplingRequest:
             return None
         return tuple(sorted((key, tuple(value) if isinstance(value, list) else value) for key, value in sampling.items()))
 
-    def check(self, max_seq_len: int) -> None:
-        """Refuse ``max_tokens`` < 1, a prompt plus ``max_tokens`` over the context, a top-k over ``MAX_PROMPT_TOP_K``
-        and a ``prompt_logprobs_last_n`` outside the prompt (``SamplingRequestError``)."""
+    def check(self, max_seq_len: int, vocab_size: int) -> None:
+        """Refuse ``max_tokens`` < 1, a prompt plus ``max_tokens`` over the context, a prompt token outside the
+        model's vocabulary, a top-k over ``MAX_PROMPT_TOP_K`` and a ``prompt_logprobs_last_n`` outside the prompt
+        (``SamplingRequestError``)."""
+        check_token_ids(self.prompt, vocab_size, "the prompt", SamplingRequestError)
         max_new_tokens = self.rollout_sampling["max_new_tokens"]
         if max_new_tokens < 1:
             raise SamplingRequestError("sampling_params.max_tokens must be >= 1")

@@ -300,13 +300,14 @@ class TinkerService:
 
     def forward_backward_job(self, call: ForwardBackwardCall) -> Callable[[Client], Callable[[], Payload]]:
         def prepare(client: Client) -> Callable[[], Payload]:
-            pad_token_id = self.catalogue[client.model.base_model].pad_token_id
+            base = self.catalogue[client.model.base_model]
             if call.loss_fn == CUSTOM:
                 custom = self.custom_losses.get(call.loss_fn_config, session_of(client.model.model_id), client.account)
-                batch = training_batch(call.data, dict(custom.inputs[1:]), pad_token_id, self.max_seq_len)
+                batch = training_batch(call.data, dict(custom.inputs[1:]), base.pad_token_id, self.max_seq_len, base.vocab_size)
                 batch.meta_info = {LOSS_FN.name: CUSTOM, CUSTOM_LOSS.name: custom}
             else:
-                batch = training_batch(call.data, dict.fromkeys(loss_inputs(call.loss_fn), 1), pad_token_id, self.max_seq_len)
+                batch = training_batch(call.data, dict.fromkeys(loss_inputs(call.loss_fn), 1), base.pad_token_id,
+                                       self.max_seq_len, base.vocab_size)
                 batch.meta_info = {LOSS_FN.name: call.loss_fn, LOSS_FN_CONFIG.name: loss_config(call.loss_fn, call.loss_fn_config)}
             batch.meta_info[FORWARD_ONLY.name] = call.forward_only
 
@@ -352,7 +353,7 @@ class TinkerService:
         queue refuses it (``QueueFullError``: the SDK backs off and sends it again)."""
         sampler = self.sampler(request.sampling_session_id, account)
         base = self.catalogue[sampler.host.name]
-        request.check(self.max_seq_len)
+        request.check(self.max_seq_len, base.vocab_size)
         sampler.host.scheduler.check_room(f"asample (session {request.sampling_session_id})")
         folder = sampler.weights_folder()  # an inflight session: the newest weights saved when the request arrives
 

@@ -58,7 +58,7 @@ def test_an_uploaded_loss_runs_as_the_function_it_was_traced_from(name, dp_size,
     loss = store.get({"loss_id": store.create(_body(fn, ranks), SESSION, ACCOUNT)}, SESSION, ACCOUNT)
     generator = torch.Generator().manual_seed(0)
     data, values = zip(*(_datum(ranks, n, generator) for n in (5, 3, 6)))
-    batch = training_batch(list(data), dict(loss.inputs[1:]), pad_token_id=0, max_len=64)
+    batch = training_batch(list(data), dict(loss.inputs[1:]), pad_token_id=0, max_len=64, vocab_size=50)
     log_probs = (-torch.rand(batch.batch["input_ids"].shape, generator=generator) * 2).requires_grad_()
     ctx = LossContext(global_num_tokens=14, global_num_seqs=3, dp_size=dp_size, num_micro_batches=micro_batches,
                       micro_batch_index=0)

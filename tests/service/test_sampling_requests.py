@@ -21,6 +21,7 @@ from rlflow.service.sampling import (
 from rlflow.service.wire import TOPK_SENTINEL_LOGPROB
 
 PROMPT = [4, 8, 15, 16, 23]
+VOCAB = 24  # the model's embedding rows: PROMPT's largest token is its last
 
 
 def _body(**options) -> dict:
@@ -38,7 +39,7 @@ def _scores(top_k: int) -> DataProto:
 
 def test_compute_logprobs_body_scores_the_prompt_and_runs_alone():
     request = SamplingRequest.from_body(_body(prompt_logprobs=True))
-    request.check(max_seq_len=64)
+    request.check(max_seq_len=64, vocab_size=VOCAB)
     assert request.scores_prompt and request.batch_key is None
     assert SamplingRequest.from_body(_body()).batch_key is not None  # a plain request may run batched
     log_probs, top = prompt_score_arrays(_scores(0), request)
@@ -47,7 +48,7 @@ def test_compute_logprobs_body_scores_the_prompt_and_runs_alone():
 
 def test_last_n_leaves_the_earlier_positions_unscored_in_both_arrays():
     request = SamplingRequest.from_body(_body(prompt_logprobs=True, topk_prompt_logprobs=2, prompt_logprobs_last_n=2))
-    request.check(max_seq_len=64)
+    request.check(max_seq_len=64, vocab_size=VOCAB)
     log_probs, top = prompt_score_arrays(_scores(2), request)
     assert np.isnan(log_probs[:3]).all() and log_probs[3:].tolist() == [-1.5, -2.0]
     assert (top.ids[:3] == 0).all() and (top.logprobs[:3] == TOPK_SENTINEL_LOGPROB).all()
@@ -63,7 +64,12 @@ def test_last_n_leaves_the_earlier_positions_unscored_in_both_arrays():
 ])
 def test_scoring_options_out_of_range_are_one_line(options, message):
     with pytest.raises(SamplingRequestError, match=message):
-        SamplingRequest.from_body(_body(**options)).check(max_seq_len=64)
+        SamplingRequest.from_body(_body(**options)).check(max_seq_len=64, vocab_size=VOCAB)
+
+
+def test_a_prompt_token_outside_the_vocabulary_is_one_line():
+    with pytest.raises(SamplingRequestError, match="the prompt: token 23 at position 4 is outside the model's vocabulary 0..22"):
+        SamplingRequest.from_body(_body()).check(max_seq_len=64, vocab_size=VOCAB - 1)
 
 
 @pytest.mark.parametrize("option", sorted(UNSUPPORTED_OPTIONS))
