@@ -93,10 +93,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# A hard stop behind pytest-timeout. Its thread method needs the GIL to end a test, so a test stuck in C code
-# that holds it (a deadlocked extension) would hang the run until CI's own limit, with nothing printed.
-# faulthandler's watchdog is a C thread: HARD_STOP_GRACE_S after a test's timeout it writes every thread's
-# stack to the stderr the run started with and ends the process; xdist reports the test as crashed.
+# A hard stop behind pytest-timeout. Its signal method (pytest.ini) fails a test at its timeout only once Python
+# runs the signal handler, so a test stuck in C code that holds the GIL (a deadlocked extension) would hang the
+# run until CI's own limit, with nothing printed. faulthandler's watchdog is a C thread: HARD_STOP_GRACE_S after
+# a test's timeout it writes every thread's stack to the stderr the run started with and ends the process;
+# xdist reports the test as crashed (and, above, does not run it again).
 import faulthandler  # noqa: E402
 
 HARD_STOP_GRACE_S = 30
