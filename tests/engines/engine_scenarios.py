@@ -250,10 +250,11 @@ def packing_suite(rank: int, world_size: int, model_path: Path, out_dir: Path) -
             }
     targeted = make_batch(seed=53, rows=5, width=20)  # a Tinker datum's own targets, e.g. 0 at prompt positions
     targeted.batch["target_ids"] = torch.randint(0, VOCAB_LIMIT, (5, 20), generator=torch.Generator().manual_seed(53))
+    untargeted = DataProto.from_dict({key: value for key, value in targeted.batch.items() if key != "target_ids"})
     with torch.no_grad():
-        results["targets_reference"] = reference_token_stats(reference_model(model_path), targeted)[0]
-        untargeted = DataProto.from_dict({key: value for key, value in targeted.batch.items() if key != "target_ids"})
-        results["targets_untargeted"] = reference_token_stats(reference_model(model_path), untargeted)[0]
+        hf_model = reference_model(model_path)
+        results["targets_reference"] = reference_token_stats(hf_model, targeted)[0]
+        results["targets_untargeted"] = reference_token_stats(hf_model, untargeted)[0]
     for name in ENGINES:
         for packed in (True, False):
             engine = new_engine(engine_config(name, use_remove_padding=packed, micro_batch_size=2), model_path)
