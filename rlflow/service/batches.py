@@ -91,19 +91,12 @@ def training_batch(data: list[Datum], needed: Mapping[str, int], pad_token_id: i
                 columns[input_column(name, rank)][row] = values[0]
     loss_mask = attention_mask.clone()
     loss_mask[:, 0] = 0
-    if not all(_targets_are_next_tokens(datum) for datum in data):
+    targets = [[int(t) for t in datum.loss_fn_inputs["target_tokens"]] for datum in data]
+    if any(row_targets[:-1] != [int(t) for t in datum.tokens[1:]] for row_targets, datum in zip(targets, data)):
         columns["target_ids"] = input_ids.clone()
-        for row, datum in enumerate(data):
-            columns["target_ids"][row, 1 : len(datum.tokens) + 1] = _targets(datum)
+        for row, row_targets in enumerate(targets):
+            columns["target_ids"][row, 1 : len(row_targets) + 1] = torch.tensor(row_targets, dtype=torch.long)
     return DataProto.from_dict({"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, **columns})
-
-
-def _targets(datum: Datum) -> torch.Tensor:
-    return torch.tensor([int(t) for t in datum.loss_fn_inputs["target_tokens"]], dtype=torch.long)
-
-
-def _targets_are_next_tokens(datum: Datum) -> bool:
-    return _targets(datum)[:-1].tolist() == [int(t) for t in datum.tokens[1:]]
 
 
 def per_datum_logprobs(log_probs: torch.Tensor, data: list[Datum]) -> list[list[float]]:

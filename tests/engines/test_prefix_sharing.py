@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_testlib import reference_model, reference_token_stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import AutoModelForCausalLM
 
 from rlflow.engines.common.batching.micro_batching import MicroBatchPlan, plan_micro_batches
 from rlflow.engines.common.batching.prefix_sharing import prefix_row_groups, shared_prefix_stream
@@ -97,14 +97,10 @@ def test_a_batch_with_target_ids_is_laid_out_unshared_and_scores_its_targets(mod
         module = load_forward_module(MODEL_KIND_REGISTRY.get("causal_lm"), model_path, config, rank=0)
         with torch.no_grad():
             runs[name] = forward_micro_batch(module, batch, config, config.attn_implementation, torch.device("cpu"))
-    torch.testing.assert_close(runs["shared"]["log_probs"], runs["hf"]["log_probs"], atol=TOL, rtol=0)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    mask = batch.batch["attention_mask"]
     with torch.no_grad():
-        logits = model(input_ids=batch.batch["input_ids"], attention_mask=mask,
-                       position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
-    expected = logits[:, :-1].log_softmax(-1).gather(-1, targets[:, 1:, None])[..., 0] * (mask[:, 1:] * mask[:, :-1])
-    torch.testing.assert_close(runs["hf"]["log_probs"][:, 1:], expected, atol=TOL, rtol=0)
+        expected = reference_token_stats(reference_model(model_path), batch)[0]  # of target_ids, from full logits
+    torch.testing.assert_close(runs["shared"]["log_probs"], runs["hf"]["log_probs"], atol=TOL, rtol=0)
+    torch.testing.assert_close(runs["hf"]["log_probs"], expected, atol=TOL, rtol=0)
 
 
 def test_a_slot_in_several_sequences_reads_the_first() -> None:
