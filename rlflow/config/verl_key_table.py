@@ -178,9 +178,10 @@ PPO_SECTIONS: list[tuple[str, list[Row]]] = [
         (f"{ROLLOUT}enable_prefix_caching", "rollout.enable_prefix_caching", ""),
         (None, "rollout.kv_cache_space_gb", "vLLM's KV cache in GiB (CPU needs it)"),
         (f"{ROLLOUT}gpu_memory_utilization", "rollout.gpu_memory_utilization", ""),
-        (f"{ROLLOUT}tensor_model_parallel_size", "rollout.tensor_parallel_size", "only 1 today: rlflow-from-verl drops "
-                                                                               "a larger one and says so; more replicas: "
-                                                                               "rollout.num_replicas"),
+        (f"{ROLLOUT}tensor_model_parallel_size", "rollout.tensor_parallel_size", "above 1 on a split rollout pool only "
+                                                                               "(trainer.placement=split): rlflow-from-verl, "
+                                                                               "whose output is colocated, drops it and "
+                                                                               "says so"),
         (f"{ROLLOUT}expert_parallel_size", None, "no expert parallelism in the rollout"),
         (f"{ROLLOUT}layered_summon", None, "the weight sync streams HF-named tensors a bucket at a time "
                                            "(rollout.weight_sync_bucket_mb)"),

@@ -47,12 +47,12 @@ class BaseRollout(ABC):
     ``config`` is a ``RolloutConfig`` (dataclass or OmegaConf node); ``model_path`` an HF folder;
     ``replica_rank`` tells replicas apart so seeded sampling differs between them. A backend that
     applies LoRA adapters at generation (``rollout.lora_sync=adapter``) sets ``takes_lora_adapters``
-    and implements ``update_lora_adapter``. ``max_tensor_parallel_size`` is the largest
-    ``rollout.tensor_parallel_size`` a backend runs (``check_tensor_parallel_size``).
+    and implements ``update_lora_adapter``. A backend that splits its engine over tensor-parallel processes
+    (``rollout.tensor_parallel_size`` > 1; ``rlflow.rollout.tensor_parallel``) sets ``runs_tensor_parallel``.
     """
 
     takes_lora_adapters: ClassVar[bool] = False
-    max_tensor_parallel_size: ClassVar[int] = 1  # one engine per worker process, in-process
+    runs_tensor_parallel: ClassVar[bool] = False
 
     def __init__(self, config: Any, model_path: str | Path, device: str | torch.device = "auto", replica_rank: int = 0):
         check_tensor_parallel_size(config)
@@ -257,16 +257,14 @@ def build_rollout(
 
 
 def check_tensor_parallel_size(config: Any) -> None:
-    """One ``ConfigError`` line when ``config.tensor_parallel_size`` is more than the backend ``config.name`` runs.
+    """One ``ConfigError`` line when ``config.tensor_parallel_size`` > 1 and the backend ``config.name`` runs its
+    engine in one process.
 
-    Config loading calls it before Ray starts; each rollout calls it again as it is built (the Tinker service,
-    a rollout built by hand).
+    Config loading calls it before Ray starts; each rollout calls it again as it is built (a rollout built by hand).
     """
-    backend = ROLLOUT_REGISTRY.get(config.name)
     size = int(config.tensor_parallel_size)
-    if size > backend.max_tensor_parallel_size:
+    if size > 1 and not ROLLOUT_REGISTRY.get(config.name).runs_tensor_parallel:
         raise ConfigError(
-            f"config key 'rollout.tensor_parallel_size': the {config.name} rollout runs one engine inside each rollout "
-            f"worker process, at tensor parallel size {backend.max_tensor_parallel_size}; got {size}; run more replicas "
-            f"(rollout.num_replicas) instead"
+            f"config key 'rollout.tensor_parallel_size': the {config.name} rollout runs its engine in one process, at "
+            f"tensor parallel size 1; got {size}; use rollout=vllm, or more replicas (rollout.num_replicas)"
         )

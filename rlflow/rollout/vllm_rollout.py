@@ -4,7 +4,10 @@
   loop ``LLM.generate`` runs; the batched ``generate`` queues its requests in ``LLM.generate``'s order,
   so it samples what ``LLM.generate`` samples at the same seeds.
 * In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the engine lives in the rollout worker's
-  own process, so weight sync hands it tensors directly, with no serialization.
+  own process, so weight sync hands it tensors directly, with no serialization. With
+  ``rollout.tensor_parallel_size`` > 1 the scheduler stays here and the model's shards run in vLLM's
+  own processes (its multiprocess executor); a sync then goes through one shared-memory file that
+  every shard reloads from (``rlflow.rollout.tensor_parallel``).
 * Weight sync streams the whole model through one ``reload_weights`` call, then resets the
   prefix cache. On a GPU the tensors go to the device a bucket at a time
   (``rollout.weight_sync_bucket_mb``); on CPU they are handed over as they are (vLLM's loader
@@ -43,6 +46,7 @@ from rlflow.rollout.lora_adapter import LocalAdapter, syncs_adapters
 from rlflow.rollout.prompt_scores import PromptScores
 from rlflow.rollout.requests import Completion, GenerationRequest
 from rlflow.rollout.sampling import request_seed
+from rlflow.rollout.tensor_parallel import SharedWeightsFile, reload_from_file
 from rlflow.rollout.vllm_log_filters import drop_expected_vllm_warnings
 from rlflow.rollout.weight_sync import CheckedWeightStream, NamedTensors, iter_buckets
 
@@ -71,6 +75,7 @@ class VLLMRollout(BaseRollout):
     """Rollout on an in-process ``vllm.LLM`` with bucketed in-place weight reloads (or LoRA adapters)."""
 
     takes_lora_adapters = True
+    runs_tensor_parallel = True
 
     def __init__(self, config: Any, model_path: str | Path, device: str | torch.device = "auto", replica_rank: int = 0):
         super().__init__(config, model_path, device, replica_rank)
@@ -80,11 +85,12 @@ class VLLMRollout(BaseRollout):
         self._asleep = False
         self._partial: Optional[dict[str, tuple[list[int], list[float]]]] = None  # request id -> tokens, log-probs so far
         self._host_owns_group = dist.is_available() and dist.is_initialized()
+        self._shards = int(config.tensor_parallel_size)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         drop_expected_vllm_warnings()
         from vllm import LLM
 
-        with vllm_cpu_compat.starting_engine() if self._on_cpu else nullcontext():
+        with vllm_cpu_compat.starting_engine(self._shards, replica_rank) if self._on_cpu else nullcontext():
             self._llm = LLM(model=self.model_path, **self._engine_kwargs())
 
     def _engine_kwargs(self) -> dict[str, Any]:
@@ -99,15 +105,17 @@ class VLLMRollout(BaseRollout):
             enforce_eager=bool(config.enforce_eager),
             enable_prefix_caching=bool(config.enable_prefix_caching),
             logprobs_mode=self.logprobs_mode,
-            tensor_parallel_size=1,
+            tensor_parallel_size=self._shards,
             enable_sleep_mode=self._sleep_enabled,
         )
+        if self._shards > 1:
+            kwargs["distributed_executor_backend"] = "mp"  # a process per shard; the scheduler stays in this one
         if self._adapter is not None:
             kwargs.update(self._adapter.engine_kwargs())
         free_bytes = None
         if self._on_cpu:
             vllm_cpu_compat.warn_if_env_sizes_kv_cache(config.kv_cache_space_gb)
-            kwargs.update(vllm_cpu_compat.engine_kwargs(str(config.dtype), bool(config.enable_prefix_caching)))
+            kwargs.update(vllm_cpu_compat.engine_kwargs(str(config.dtype), bool(config.enable_prefix_caching), self._shards))
         else:
             free_bytes, total_bytes = torch.cuda.mem_get_info(self.device)
             kwargs["gpu_memory_utilization"] = vllm_start_budget(free_bytes, total_bytes)
@@ -208,8 +216,12 @@ class VLLMRollout(BaseRollout):
     def _load_weights(self, named_tensors: NamedTensors) -> None:
         if self._asleep:
             self._llm.wake_up(tags=["weights"])
-        weights = named_tensors if self._on_cpu else self._to_device_in_buckets(named_tensors)
-        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        if self._shards > 1:
+            with SharedWeightsFile(named_tensors) as path:
+                self._llm.collective_rpc(reload_from_file, args=(path,))
+        else:
+            weights = named_tensors if self._on_cpu else self._to_device_in_buckets(named_tensors)
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         if self._on_cpu:
             self._llm.collective_rpc(vllm_cpu_compat.repack_tied_layers)
         self._llm.reset_prefix_cache()

@@ -26,7 +26,6 @@ from rlflow.config.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, Rang
 from rlflow.config.schema import ClusterConfig, RolloutConfig
 from rlflow.engines.registry import ENGINE_REGISTRY
 from rlflow.errors import UserError
-from rlflow.rollout import check_tensor_parallel_size
 from rlflow.rollout.sampling import check_rollout_sampling
 from rlflow.service.catalogue import BaseModel, load_base_models
 from rlflow.utils.device import DEVICES
@@ -90,7 +89,9 @@ def _check_service(config: DictConfig) -> None:
                           f"sends no other), got {len(bad)} that do not")
     if not service.models:
         raise ConfigError("config key 'service.models': name at least one base model, e.g. service.models.tiny=/path/to/hf")
-    check_tensor_parallel_size(config.rollout)
+    if int(config.rollout.tensor_parallel_size) > 1:
+        raise ConfigError("config key 'rollout.tensor_parallel_size': the service runs each base model's rollout beside "
+                          "its trainer in one worker process, on that process's one device; leave it 1")
     if not config.rollout.calculate_log_probs:
         raise ConfigError("config key 'rollout.calculate_log_probs': the service's samples carry each token's log-prob "
                           "(Tinker's SampleResponse); leave it true")

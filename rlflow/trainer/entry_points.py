@@ -58,7 +58,13 @@ def _check_lora_sync(config: DictConfig) -> None:
 
 
 def _check_rollout_tensor_parallel(config: DictConfig) -> None:
+    """A rollout split over tensor-parallel shards needs a backend that runs them and a split rollout pool, whose
+    workers reserve a device (a CPU on CPU) per shard."""
     check_tensor_parallel_size(config.rollout)
+    size = int(config.rollout.tensor_parallel_size)
+    if size > 1 and config.trainer.placement != "split":
+        raise ConfigError(f"config key 'rollout.tensor_parallel_size': {size} shards need trainer.placement=split, whose "
+                          f"rollout workers reserve {size} devices each; a colocated worker holds one device")
 
 
 def _check_ppo_cluster(config: DictConfig) -> None:

@@ -5,7 +5,8 @@
 GAE, a ``Critic``. Weight sync is an in-process copy.
 
 ``split``: a pool per role. The rollout pool (``rollout.num_replicas`` processes) receives
-the actor's weights through the Ray object store after every update. With
+the actor's weights through the Ray object store after every update; each of its workers
+reserves a device per tensor-parallel shard (``rollout.tensor_parallel_size``). With
 ``async_training.restart_rollout`` a rollout pool that dies is started again (``RolloutRestarts``).
 """
 
@@ -129,9 +130,10 @@ class PlacedRoles:
             group.shutdown()
 
 
-def _pool(trainer_config: Any, name: str, procs_per_node: int, wait_s: Optional[float] = None) -> ResourcePool:
-    """A pool of ``procs_per_node`` processes a node; it waits ``wait_s`` for the cluster's resources (default:
-    ``resource_wait_s``)."""
+def _pool(trainer_config: Any, name: str, procs_per_node: int, wait_s: Optional[float] = None,
+          devices_per_proc: int = 1) -> ResourcePool:
+    """A pool of ``procs_per_node`` processes a node, each with ``devices_per_proc`` devices; it waits ``wait_s`` for
+    the cluster's resources (default: ``resource_wait_s``)."""
     return ResourcePool(
         procs_per_node=procs_per_node,
         nnodes=trainer_config.nnodes,
@@ -139,14 +141,17 @@ def _pool(trainer_config: Any, name: str, procs_per_node: int, wait_s: Optional[
         device=trainer_config.device,
         resource_wait_s=resource_wait_s(trainer_config) if wait_s is None else wait_s,
         name=name,
+        devices_per_proc=devices_per_proc,
     )
 
 
 def processes_per_node(config: Any) -> int:
     """Worker processes per node every run of ``trainer.placement`` starts: colocated, one per rank; split, the actor's
-    and the rollout's pools (the reference, critic and reward-model pools come on top when the run uses them)."""
+    and the rollout's pools, a rollout worker counting once per tensor-parallel shard (the reference, critic and
+    reward-model pools come on top when the run uses them)."""
     procs = config.trainer.n_procs_per_node
-    return procs if config.trainer.placement == "colocated" else procs + (config.rollout.num_replicas or procs)
+    rollout_procs = (config.rollout.num_replicas or procs) * int(config.rollout.tensor_parallel_size)
+    return procs if config.trainer.placement == "colocated" else procs + rollout_procs
 
 
 def place_roles(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
@@ -213,8 +218,8 @@ def _place_colocated(config: Any, model_path: Path, use_ref: bool, use_critic: b
 def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool) -> PlacedRoles:
     groups = []
 
-    def group(name: str, spec: WorkerSpec, procs: int, wait_s: Optional[float] = None) -> RayWorkerGroup:
-        return RayWorkerGroup(_pool(config.trainer, name, procs, wait_s), spec, name=name,
+    def group(name: str, spec: WorkerSpec, procs: int, wait_s: Optional[float] = None, devices: int = 1) -> RayWorkerGroup:
+        return RayWorkerGroup(_pool(config.trainer, name, procs, wait_s, devices), spec, name=name,
                               timeouts=group_timeouts(config.trainer.timeouts))
 
     def start(name: str, spec: WorkerSpec, procs: int) -> RoleHandle:
@@ -224,12 +229,14 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
     procs = config.trainer.n_procs_per_node
     rollout_spec = WorkerSpec(RolloutWorker, config.rollout, str(model_path))
     rollout_procs = config.rollout.num_replicas or procs
+    shards = int(config.rollout.tensor_parallel_size)  # each rollout worker's engine: a device per shard
     restart_wait_s = float(config.trainer.timeouts.connect_s)  # until Ray frees the dead pool's resources
-    restarts = RolloutRestarts(lambda: group("rollout", rollout_spec, rollout_procs, restart_wait_s), config.rollout) \
-        if config.async_training.restart_rollout else None
+    restarts = RolloutRestarts(lambda: group("rollout", rollout_spec, rollout_procs, restart_wait_s, shards),
+                               config.rollout) if config.async_training.restart_rollout else None
     try:
         actor = start("actor", WorkerSpec(Actor, config.actor, str(model_path)), procs)
-        rollout = start("rollout", rollout_spec, rollout_procs)
+        groups.append(group("rollout", rollout_spec, rollout_procs, devices=shards))
+        rollout = groups[-1].role("main")
         ref = None
         if use_ref and reference_is_base_model(config.actor):
             ref = actor  # a LoRA actor is its own reference (its base model): no second copy of the model

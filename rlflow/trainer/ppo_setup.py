@@ -27,6 +27,7 @@ from rlflow.engines.common.optim.lr_schedulers import fit_schedule_to_run
 from rlflow.models.ensure import ensure_model
 from rlflow.models.loading import load_tokenizer
 from rlflow.rewards.manager import RewardManager
+from rlflow.rollout.tensor_parallel import check_tensor_parallel_model
 from rlflow.trainer.checkpoint import CheckpointManager
 from rlflow.trainer.divergence import DivergenceGuard
 from rlflow.trainer.phases.context import PhaseContext, RunPlan
@@ -69,6 +70,7 @@ def prepare_run(config: DictConfig) -> PPOSetup:
     plan = RunPlan.from_config(config, model_path)
     check_role_model_folders(config, plan.use_critic)
     check_role_engines(config, model_path, plan.use_ref, plan.use_critic, plan.world_size)
+    check_tensor_parallel_model(int(config.rollout.tensor_parallel_size), model_path)
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_path, config.model.trust_remote_code)
     tools = tool_schemas(config.rollout.multi_turn)
     train_loader = build_rl_loader(config.data, tokenizer, "train", tools)

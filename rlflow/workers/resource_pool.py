@@ -1,6 +1,7 @@
 """``ResourcePool``: Ray placement groups reserving one bundle per worker process.
 
-A bundle is ``{"CPU": c}`` on CPU or ``{"GPU": 1, "CPU": c}`` with an accelerator. The pool spans
+A bundle is ``{"CPU": c}`` on CPU or ``{"GPU": 1, "CPU": c}`` with an accelerator (``d`` devices and ``c x d``
+CPUs for a worker of ``devices_per_proc=d``). The pool spans
 ``nnodes x procs_per_node`` bundles. Placements (``POOL_PLACEMENT_REGISTRY``):
 
 * ``pack`` (default): one STRICT_PACK placement group per node, each pinned away from the nodes
@@ -51,7 +52,9 @@ class ResourcePool:
     """Reserves ``nnodes x procs_per_node`` bundles on the Ray cluster for one worker group.
 
     ``device``: ``"cpu"``, an accelerator type, or ``"auto"`` (an accelerator bundle when the
-    cluster has GPUs). Workers run ``max(1, int(cpus_per_proc))`` torch threads.
+    cluster has GPUs). Workers run ``max(1, int(cpus_per_proc))`` torch threads. A worker that starts processes of
+    its own, one per device (a tensor-parallel rollout engine's shards), takes ``devices_per_proc`` devices and
+    ``devices_per_proc x cpus_per_proc`` CPUs.
     """
 
     def __init__(
@@ -64,11 +67,12 @@ class ResourcePool:
         ready_timeout_s: float = 60.0,
         resource_wait_s: float = 0.0,
         name: str = "pool",
+        devices_per_proc: int = 1,
     ):
-        if procs_per_node < 1 or nnodes < 1 or cpus_per_proc <= 0:
+        if procs_per_node < 1 or nnodes < 1 or cpus_per_proc <= 0 or devices_per_proc < 1:
             raise ValueError(
-                f"ResourcePool '{name}': need procs_per_node >= 1, nnodes >= 1, cpus_per_proc > 0; "
-                f"got {procs_per_node}, {nnodes}, {cpus_per_proc}"
+                f"ResourcePool '{name}': need procs_per_node >= 1, nnodes >= 1, cpus_per_proc > 0, devices_per_proc >= 1; "
+                f"got {procs_per_node}, {nnodes}, {cpus_per_proc}, {devices_per_proc}"
             )
         if placement not in POOL_PLACEMENT_REGISTRY:
             raise UnknownNameError(f"ResourcePool '{name}': {POOL_PLACEMENT_REGISTRY.unknown_message(placement)}")
@@ -83,9 +87,9 @@ class ResourcePool:
         self.ready_timeout_s = ready_timeout_s
         self.resource_wait_s = resource_wait_s
         self.accelerator = _accelerator_resource(device)
-        self.bundle: dict[str, float] = {"CPU": float(cpus_per_proc)}
+        self.bundle: dict[str, float] = {"CPU": float(cpus_per_proc) * devices_per_proc}
         if self.accelerator:
-            self.bundle[self.accelerator] = 1.0
+            self.bundle[self.accelerator] = float(devices_per_proc)
         self._owner: str | None = None
         self._check_cluster_total()
         self._groups: list[PlacementGroup] = []
@@ -112,13 +116,13 @@ class ResourcePool:
         """Ray actor options that put a worker of ``rank`` in its bundle."""
         slot = self.slots[rank]
         options: dict[str, Any] = {
-            "num_cpus": self.cpus_per_proc,
+            "num_cpus": self.bundle["CPU"],
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=slot.placement_group, placement_group_bundle_index=slot.bundle_index
             ),
         }
         if self.accelerator:
-            options["num_gpus"] = 1
+            options["num_gpus"] = self.bundle[self.accelerator]
         return options
 
     def claim(self, owner: str) -> None:

@@ -21,6 +21,8 @@ def test_more_worker_processes_than_the_local_cluster_has_cpus_is_one_line_befor
     (["trainer.nnodes=2"], "config key 'trainer.nnodes': 2 nodes need a Ray cluster of that many"),
     (["trainer.device=cpu", "trainer.n_procs_per_node=2", "trainer.cpus_per_proc=0.5", "trainer.ray_num_cpus=0.5"],
      "need 1 CPUs, and the local Ray cluster has 0.5 (trainer.ray_num_cpus)"),
+    (["trainer.device=cpu", "trainer.placement=split", "rollout.tensor_parallel_size=2", "trainer.ray_num_cpus=2"],
+     "3 worker processes x 1 CPUs need 3 CPUs"),  # the actor and a CPU per shard of the rollout's engine
 ])
 def test_the_local_cluster_check_names_nodes_and_ray_num_cpus(overrides, message):
     assert message in one_line_error(lambda args: PPO_ENTRY.check_machine(compose_ppo_config(args)), overrides)

@@ -73,10 +73,10 @@ def test_a_range_names_the_nested_key_and_reads_base_classes():
     ("rollout.val_kwargs.top_k=0", "config key 'rollout.val_kwargs.top_k': must be -1 or >= 1 (-1: off), got 0"),
     ("algorithm.gamma=nan", "config key 'algorithm.gamma': must be in [0, 1], got nan"),
     ("rollout.stop=['']", "config key 'rollout': stop strings must be non-empty strings"),
-    ("rollout.tensor_parallel_size=2", "config key 'rollout.tensor_parallel_size': the vllm rollout runs one engine "
-                                       "inside each rollout worker process, at tensor parallel size 1; got 2; run more "
-                                       "replicas (rollout.num_replicas) instead"),
-    ("rollout.name=hf rollout.tensor_parallel_size=2", "config key 'rollout.tensor_parallel_size': the hf rollout"),
+    ("rollout.tensor_parallel_size=2", "config key 'rollout.tensor_parallel_size': 2 shards need trainer.placement=split, "
+                                       "whose rollout workers reserve 2 devices each; a colocated worker holds one device"),
+    ("rollout.name=hf rollout.tensor_parallel_size=2", "config key 'rollout.tensor_parallel_size': the hf rollout runs its "
+                                                       "engine in one process, at tensor parallel size 1; got 2"),
 ])
 def test_ppo_numbers_out_of_range_are_one_line_naming_the_key(override, message):
     assert one_line_error(compose_ppo_config, override.split()).startswith(message)

@@ -138,17 +138,18 @@ TWO_NODES = ["trainer.nnodes=2", "trainer.n_procs_per_node=1", "trainer.ray_addr
      "pipeline_parallel_schedule='Interleaved1F1B'"),
     (["actor.engine=torchtitan", "actor.engine.ulysses_sequence_parallel_size=2"],
      "config key 'actor.engine': engine 'torchtitan' does not support ulysses_sequence_parallel"),
+    (["trainer.placement=split", "trainer.cpus_per_proc=0.5", "rollout.tensor_parallel_size=3"],
+     "config key 'rollout.tensor_parallel_size': 3 ranks cannot split the model's 4 attention heads and 2 key/value heads"),
 ])
 def test_an_engine_layout_the_model_or_world_cannot_take(tiny_model, addition_data, tmp_path, extra, expected):
     """Checked by the engine class (``BaseEngine.check_model``) on the model folder, before any worker starts."""
     assert expected in start_up_error(base_overrides(tiny_model, addition_data, tmp_path) + extra)
 
 
-def test_a_tensor_parallel_rollout_is_one_line_before_ray(tmp_path):
-    """vLLM runs one engine inside each rollout worker (docs/platform.md, "vLLM tensor parallelism on the CPU"):
-    ``rollout.tensor_parallel_size=2`` exits 2 with the reason, within the refusal's CPU bound, Ray never started."""
+def test_a_colocated_tensor_parallel_rollout_is_one_line_before_ray(tmp_path):
+    """A colocated worker holds one device, so ``rollout.tensor_parallel_size=2`` there exits 2 with the reason,
+    within the refusal's CPU bound, Ray never started."""
     line = cli_refusal(["-m", "rlflow.trainer.main_ppo", "rollout.tensor_parallel_size=2",
                         f"trainer.ray_temp_dir={tmp_path / 'ray'}", f"trainer.default_local_dir={tmp_path / 'run'}"],
                        ray_dir=tmp_path / "ray")
-    assert line.startswith("config key 'rollout.tensor_parallel_size': the vllm rollout runs one engine inside each "
-                           "rollout worker process"), line
+    assert line.startswith("config key 'rollout.tensor_parallel_size': 2 shards need trainer.placement=split"), line

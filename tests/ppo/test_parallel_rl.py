@@ -1,4 +1,5 @@
-"""RL through Ray at the layouts beyond TP=2 x DP=1 (issue 44): megatron DP=2 x TP=2 and PP=2, torchtitan PP=2.
+"""RL through Ray at the layouts beyond TP=2 x DP=1 (issue 44): megatron DP=2 x TP=2 and PP=2, torchtitan PP=2,
+and a tensor-parallel rollout (two vLLM shards) on a split rollout pool.
 
 Each run is ``main_ppo`` on the 4-layer tiny presets (``tiny-qwen3``, ``tiny-llama``: 4 layers split into 2
 pipeline stages), 3 steps, colocated: mesh dispatch sends each data-parallel shard to its TP/PP group and
@@ -79,3 +80,21 @@ def test_ppo_with_a_pipeline_parallel_critic(presets, addition_data, tmp_path):
         *megatron("critic", pp=2), "critic.ppo_mini_batch_size=2", "critic.engine.optimizer.lr=1e-3"])
     assert all(math.isfinite(r["critic/grad_norm"]) and r["critic/grad_norm"] > 0 for r in records)
     assert records[0]["critic/vf_loss"] != records[-1]["critic/vf_loss"]
+
+
+ROLLOUT_ACTORS = {  # name -> (processes, the actor's engine)
+    "fsdp2": (1, []),
+    "megatron_tp2": (2, megatron("actor", tp=2)),  # the trainer's TP=2 shards gathered, then split again by vLLM
+}
+
+
+@pytest.mark.parametrize("actor", list(ROLLOUT_ACTORS))
+def test_grpo_with_a_tensor_parallel_rollout_syncs_exactly(actor, presets, addition_data, tmp_path):
+    """Split placement with ``rollout.tensor_parallel_size=2``: one rollout worker whose vLLM engine runs its two
+    shards in processes of their own (a CPU each; ``trainer.cpus_per_proc=0.5`` fits the run in two cores)."""
+    procs, overrides = ROLLOUT_ACTORS[actor]
+    _run(presets["tiny-qwen3"], addition_data, tmp_path / "run", [
+        "trainer.placement=split", "rollout.num_replicas=1", "rollout.tensor_parallel_size=2",
+        f"trainer.n_procs_per_node={procs}", "trainer.cpus_per_proc=0.5", "algorithm=grpo", *overrides])
+    logs = "".join(path.read_text() for path in (tmp_path / "run" / "logs").glob("*.log"))
+    assert "vLLM tensor-parallel ranks bound to cores 0|1" in logs  # the replica did start two shards

@@ -64,7 +64,7 @@ def _gpu_rollout_with(llm: RecordingLLM) -> VLLMRollout:
     rollout = VLLMRollout.__new__(VLLMRollout)  # the lifecycle logic only, around a stand-in engine
     rollout.config = SimpleNamespace(weight_sync_bucket_mb=1.0)
     rollout.device, rollout._on_cpu, rollout._llm = torch.device("cpu"), False, llm
-    rollout._sleep_enabled, rollout._asleep = True, False
+    rollout._sleep_enabled, rollout._asleep, rollout._shards = True, False, 1
     return rollout
 
 

@@ -48,7 +48,8 @@ def test_the_vllm_rollout_hands_vllm_the_sized_cache_on_a_gpu(monkeypatch):
                                      enable_prefix_caching=True, kv_cache_space_gb=1.0, gpu_memory_utilization=0.6,
                                      engine_kwargs={})
     rollout.__dict__.update(model_path="/m", replica_rank=0, max_model_len=64, logprobs_mode="processed_logprobs",
-                            _sleep_enabled=True, _adapter=None, _on_cpu=False, device=torch.device("cuda", 0))
+                            _sleep_enabled=True, _adapter=None, _on_cpu=False, device=torch.device("cuda", 0),
+                            _shards=1)
     kwargs = rollout._engine_kwargs()
     assert kwargs["kv_cache_memory_bytes"] == int(0.6 * FREE) and kwargs["gpu_memory_utilization"] == 0.368
 

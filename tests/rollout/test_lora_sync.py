@@ -55,13 +55,16 @@ def _rollout_greedy(rollout, prompts: DataProto) -> list[list[int]]:
     return [row[mask.bool()].tolist() for row, mask in zip(out.batch["responses"], out.batch["response_mask"])]
 
 
-@pytest.mark.parametrize("lora_sync", ["merged", "adapter"])
-def test_greedy_generations_after_each_sync_equal_the_merged_hf_model(lora_sync, tiny_path, tokenizer, tmp_path,
+@pytest.mark.parametrize("lora_sync, shards", [("merged", 1), ("adapter", 1), ("adapter", 2)])
+def test_greedy_generations_after_each_sync_equal_the_merged_hf_model(lora_sync, shards, tiny_path, tokenizer, tmp_path,
                                                                       in_process_group):
+    """``shards=2``: the engine split over two tensor-parallel processes, each loading its slice of the adapters
+    (or of the merged weights)."""
     engine = build_engine({"name": "fsdp2", "device": "cpu", "micro_batch_size": 8, "lora": {"rank": RANK, "alpha": 16},
                            "optimizer": {"lr": 3e-2, "weight_decay": 0.0}}, tiny_path)
     engine.initialize()
-    config = rollout_config("vllm", prompt_length=48, response_length=NEW_TOKENS, lora_sync=lora_sync, lora_rank=RANK)
+    config = rollout_config("vllm", prompt_length=48, response_length=NEW_TOKENS, lora_sync=lora_sync, lora_rank=RANK,
+                            tensor_parallel_size=shards)
     rollout = build_rollout(config, tiny_path, "cpu")
     prompts = make_prompts(tokenizer, texts=PROMPTS)
     base = _rollout_greedy(rollout, prompts)

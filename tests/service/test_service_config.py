@@ -26,7 +26,8 @@ def _prepared(overrides: list[str]) -> object:
     (["service.api_keys=[tml-a]", "service.models.tiny=/x", "rollout.calculate_log_probs=false"],
      "config key 'rollout.calculate_log_probs': the service's samples carry each token's log-prob"),
     (["service.api_keys=[tml-a]", "service.models.tiny=/x", "rollout.tensor_parallel_size=2"],
-     "config key 'rollout.tensor_parallel_size': the vllm rollout runs one engine inside each rollout worker process"),
+     "config key 'rollout.tensor_parallel_size': the service runs each base model's rollout beside its trainer in one "
+     "worker process"),
     (["service.api_keys=[tml-a]", "service.models.tiny=/x", "service.port=70000"],
      "config key 'service.port': must be in [1, 65535], got 70000"),
     (["service.api_keys=[tml-a]", "service.models.tiny=/nowhere"], "config key 'service.models': "),

@@ -47,3 +47,14 @@ def test_separate_pools_per_role_get_separate_processes_and_groups(fused):
         assert solo.generate(DataProto.from_dict({"ids": torch.arange(3)})).batch["response"].tolist() == [100, 101, 102]
         placement_group = pool.slots[0].placement_group
     assert ray.util.placement_group_table(placement_group)["state"] == "REMOVED"
+
+
+def test_a_worker_with_several_devices_reserves_a_share_of_cpus_for_each(local_ray):
+    """``devices_per_proc`` (a rollout worker whose engine runs a process per tensor-parallel shard): the bundle and
+    the worker's actor hold that many devices, and as many times ``cpus_per_proc`` CPUs."""
+    pool = ResourcePool(procs_per_node=1, cpus_per_proc=0.5, device="cpu", name="shards", devices_per_proc=2)
+    try:
+        assert pool.bundle == {"CPU": 1.0} and pool.actor_options(0)["num_cpus"] == 1.0
+        assert ray.util.placement_group_table(pool.slots[0].placement_group)["bundles"] == {0: {"CPU": 1.0}}
+    finally:
+        pool.release()

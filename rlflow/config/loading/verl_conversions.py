@@ -188,8 +188,9 @@ def _kv_cache_fraction(args: VerlArgs, verl_key: str, ours: str, value: Any) -> 
 @converts("rollout.tensor_model_parallel_size")
 def _rollout_tp(args: VerlArgs, verl_key: str, ours: str, value: Any) -> Conversion:
     if value != 1:
-        raise Unmappable(f"rlflow's in-process vLLM runs tensor parallel size 1 (a whole replica per GPU; more replicas: "
-                         f"rollout.num_replicas); {value} is left out")
+        raise Unmappable(f"rlflow splits a rollout engine over tensor-parallel devices on a split rollout pool only "
+                         f"(trainer.placement=split, rollout.tensor_parallel_size); verl's colocated layout keeps a whole "
+                         f"replica per GPU here (more replicas: rollout.num_replicas); {value} is left out")
     return Conversion([(ours, value)])
 
 
