@@ -9,9 +9,9 @@ rollout worker reserved for it (a split rollout pool reserves ``tensor_parallel_
   (``BaseRollout.runs_tensor_parallel``), and the model's attention heads must split over the ranks (vLLM's
   rule: the query heads divide by the size; the key/value heads divide by it or it by them, each rank then
   holding a copy). Checked before Ray, on the model folder's ``config.json``.
-* **Weights** (``SharedWeightsFile``): the synced tensors are full HF-named tensors from any trainer layout;
+* **Weights** (``shared_weights_file``): the synced tensors are full HF-named tensors from any trainer layout;
   each shard's loader (``reload_weights``) takes its slice of them. They are written once as a safetensors
-  file in shared memory (``/dev/shm`` when it has room, else the temporary folder), every shard process maps
+  file in shared memory (``/dev/shm`` when it has room, else the temporary folder), every shard process reads
   that one file and reloads from it, and the file is removed. One write, no copy per shard through a pipe.
 """
 
@@ -21,8 +21,9 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from rlflow.config.validation import ConfigError
 from rlflow.rollout.weight_sync import NamedTensors, tensor_nbytes
@@ -47,7 +48,7 @@ def check_tensor_parallel_model(size: int, model_path: str | Path) -> None:
 
 def reload_from_file(worker: Any, path: str) -> int:
     """Run in each shard process (``LLM.collective_rpc``): reload the engine's weights in place from the
-    safetensors file at ``path``, mapped, not read whole; returns the number of tensors."""
+    safetensors file at ``path``, a tensor at a time; returns the number of tensors."""
     from safetensors import safe_open
 
     with safe_open(path, framework="pt") as handle:
@@ -56,24 +57,21 @@ def reload_from_file(worker: Any, path: str) -> int:
     return len(names)
 
 
-class SharedWeightsFile:
-    """A safetensors file of one weight sync, in shared memory when it has room; removed on exit."""
+@contextmanager
+def shared_weights_file(named_tensors: NamedTensors) -> Iterator[str]:
+    """The path of a safetensors file holding one weight sync, in shared memory when it has room; the file is
+    removed when the block ends, however it ends."""
+    from safetensors.torch import save_file
 
-    def __init__(self, named_tensors: NamedTensors):
-        self.tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}
-        nbytes = sum(tensor_nbytes(tensor) for tensor in self.tensors.values())
-        self._folder = tempfile.mkdtemp(prefix="rlflow-weights-", dir=_folder_with_room(nbytes))
-        self.path = os.path.join(self._folder, "weights.safetensors")
-
-    def __enter__(self) -> str:
-        from safetensors.torch import save_file
-
-        save_file(self.tensors, self.path)
-        self.tensors = {}
-        return self.path
-
-    def __exit__(self, *exc: object) -> None:
-        shutil.rmtree(self._folder, ignore_errors=True)
+    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}
+    folder = tempfile.mkdtemp(prefix="rlflow-weights-", dir=_folder_with_room(sum(map(tensor_nbytes, tensors.values()))))
+    try:
+        path = os.path.join(folder, "weights.safetensors")
+        save_file(tensors, path)
+        tensors.clear()  # the file holds them now
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _folder_with_room(nbytes: int) -> str | None:

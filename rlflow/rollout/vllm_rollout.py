@@ -46,7 +46,7 @@ from rlflow.rollout.lora_adapter import LocalAdapter, syncs_adapters
 from rlflow.rollout.prompt_scores import PromptScores
 from rlflow.rollout.requests import Completion, GenerationRequest
 from rlflow.rollout.sampling import request_seed
-from rlflow.rollout.tensor_parallel import SharedWeightsFile, reload_from_file
+from rlflow.rollout.tensor_parallel import reload_from_file, shared_weights_file
 from rlflow.rollout.vllm_log_filters import drop_expected_vllm_warnings
 from rlflow.rollout.weight_sync import CheckedWeightStream, NamedTensors, iter_buckets
 
@@ -217,7 +217,7 @@ class VLLMRollout(BaseRollout):
         if self._asleep:
             self._llm.wake_up(tags=["weights"])
         if self._shards > 1:
-            with SharedWeightsFile(named_tensors) as path:
+            with shared_weights_file(named_tensors) as path:
                 self._llm.collective_rpc(reload_from_file, args=(path,))
         else:
             weights = named_tensors if self._on_cpu else self._to_device_in_buckets(named_tensors)

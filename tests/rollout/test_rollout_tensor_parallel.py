@@ -23,7 +23,7 @@ from rlflow.models.hf_checkpoint import load_causal_lm
 from rlflow.models.loading import load_tokenizer
 from rlflow.models.presets import build_preset
 from rlflow.rollout import build_rollout
-from rlflow.rollout.tensor_parallel import check_tensor_parallel_model
+from rlflow.rollout.tensor_parallel import check_tensor_parallel_model, shared_weights_file
 from rlflow.rollout.vllm_cpu_compat import THREADS_BIND_ENV, tensor_parallel_binding
 
 TOLERANCE = 1e-4  # fp32 engine vs fp32 HF forward (the tied-sync test's bound)
@@ -92,3 +92,18 @@ def test_the_thread_binding_gives_each_rank_its_cores(monkeypatch):
     monkeypatch.delenv(THREADS_BIND_ENV)
     monkeypatch.setattr("rlflow.rollout.vllm_cpu_compat._numa_nodes", lambda: 2)
     assert tensor_parallel_binding(2, replica_rank=0, threads=1) is None  # vLLM's own: a node per rank
+
+
+def test_the_shared_weights_file_holds_the_sync_and_is_removed_however_the_block_ends():
+    tensors = [("a.weight", torch.arange(6.0).reshape(2, 3)), ("b.bias", torch.ones(4, dtype=torch.bfloat16))]
+    with shared_weights_file(iter(tensors)) as path:
+        from safetensors.torch import load_file
+
+        assert path.startswith("/dev/shm/rlflow-weights-")
+        loaded = load_file(path)
+        assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors)
+    assert not os.path.exists(os.path.dirname(path))
+    with pytest.raises(RuntimeError, match="the load failed"):
+        with shared_weights_file(iter(tensors)) as path:
+            raise RuntimeError("the load failed")
+    assert not os.path.exists(os.path.dirname(path))

@@ -38,7 +38,7 @@ ENGINES = builtin_engines_with(Capability.LORA)
 # The train rewards are printed, not tested: each step's 128 samples come from 16 other prompts, so the
 # last 3 steps against the first 3 differ by noise of about the gain (CI: val +0.046, train -0.003).
 RL_VAL_PROMPTS, RL_VAL_SAMPLES = 256, 4
-RL_STEPS, RL_PROMPTS, RL_GROUP, RL_MAX_TOKENS, RL_LR = 12, 16, 8, 32, 2e-3
+RL_STEPS, RL_PROMPTS, RL_GROUP, RL_MAX_TOKENS, RL_LR = 20, 16, 8, 32, 2e-3
 
 
 @pytest.mark.parametrize("engine", ENGINES)
