@@ -43,16 +43,21 @@ def _greedy(path, prompts, size: int):
     return rollout, rollout.generate(prompts, GREEDY)
 
 
+def _sync_files() -> set[str]:
+    return {entry for entry in os.listdir("/dev/shm") if entry.startswith("rlflow-weights-")}
+
+
 def test_two_shards_generate_as_one_and_take_a_weight_sync(qwen3_path, monkeypatch):
     monkeypatch.delenv(THREADS_BIND_ENV, raising=False)
     prompts = make_prompts(load_tokenizer(qwen3_path), token_lists=[[(7 * i + r) % 300 + 3 for i in range(12 + r)]
                                                                      for r in range(3)])
     single, expected = _greedy(qwen3_path, prompts, 1)
     single.shutdown()
+    files_before = _sync_files()
     sharded, output = _greedy(qwen3_path, prompts, 2)
+    shards = [child for child in psutil.Process().children(recursive=True) if child.name().startswith("VLLM::Worker_TP")]
     try:
         assert THREADS_BIND_ENV not in os.environ  # set for the shards' start only
-        shards = [child for child in psutil.Process().children(recursive=True) if child.name().startswith("VLLM::Worker_TP")]
         assert len(shards) == 2, "the two shards should run in processes of their own"
         assert sorted(shard.cpu_affinity() for shard in shards) == [[0], [1]]  # a core each on this 2-core box
         assert torch.equal(output.batch["responses"], expected.batch["responses"])
@@ -65,7 +70,7 @@ def test_two_shards_generate_as_one_and_take_a_weight_sync(qwen3_path, monkeypat
         sharded.update_weights([(name, tensor.detach()) for name, tensor in model.named_parameters()])
         assert max_log_prob_error(model, sharded.generate(prompts, GREEDY)) <= TOLERANCE
         assert stale_error > 100 * TOLERANCE  # the check tells the old weights from the new
-        assert not [entry for entry in os.listdir("/dev/shm") if entry.startswith("rlflow-weights-")]
+        assert _sync_files() == files_before  # the sync's file is gone
     finally:
         sharded.shutdown()
     psutil.wait_procs(shards, timeout=30)
