@@ -17,7 +17,6 @@ rollout worker reserved for it (a split rollout pool reserves ``tensor_parallel_
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -27,6 +26,7 @@ from typing import Any, Iterator
 
 from rlflow.config.validation import ConfigError
 from rlflow.rollout.weight_sync import NamedTensors, tensor_nbytes
+from rlflow.utils.text_files import read_json
 
 SHARED_MEMORY_DIR = Path("/dev/shm")
 
@@ -35,7 +35,7 @@ def check_tensor_parallel_model(size: int, model_path: str | Path) -> None:
     """One ``ConfigError`` line when the model's attention heads cannot be split over ``size`` ranks."""
     if size == 1:
         return
-    config = json.loads((Path(model_path) / "config.json").read_text())
+    config = read_json(Path(model_path) / "config.json", ConfigError)
     config = config.get("text_config", config)
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)

@@ -55,7 +55,7 @@ logger = get_logger(__name__)
 
 SLEEP_SUPPORTED = False
 PREFIX_CACHE_BLOCK_TOKENS = 16
-AMX_KERNEL_BLOCK_TOKENS = 32  # the AMX attention kernel takes multiples of 32 only
+DECLARED_BLOCK_TOKENS = 32  # the multiple the attention kernel declares: the AMX kernel's, and where no patch reaches
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 CPU_WORKER_LOGGER = logging.getLogger("vllm.v1.worker.cpu_worker")  # where the captured C++ notice is logged
@@ -94,7 +94,7 @@ def engine_kwargs(dtype: str, prefix_caching: bool, tensor_parallel_size: int = 
     if not prefix_caching:
         return kwargs
     if tensor_parallel_size > 1 or (dtype == "bfloat16" and torch.cpu._is_amx_tile_supported()):
-        kwargs["block_size"] = AMX_KERNEL_BLOCK_TOKENS
+        kwargs["block_size"] = DECLARED_BLOCK_TOKENS
     else:
         allow_16_token_blocks()
         kwargs["block_size"] = PREFIX_CACHE_BLOCK_TOKENS
