@@ -13,6 +13,9 @@ rollout worker reserved for it (a split rollout pool reserves ``tensor_parallel_
   each shard's loader (``reload_weights``) takes its slice of them. They are written once as a safetensors
   file in shared memory (``/dev/shm`` when it has room, else the temporary folder), every shard process reads
   that one file and reloads from it, and the file is removed. One write, no copy per shard through a pipe.
+  A process killed in the middle of a sync cannot remove its file; the next sync on the machine removes
+  such leftovers (``remove_abandoned_sync_folders``): only rlflow's own folders, named with the pid that wrote
+  them, when no process has that pid and the folder is over an hour old.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -29,6 +33,8 @@ from rlflow.rollout.weight_sync import NamedTensors, tensor_nbytes
 from rlflow.utils.text_files import read_json
 
 SHARED_MEMORY_DIR = Path("/dev/shm")
+SYNC_FOLDER_PREFIX = "rlflow-weights-"  # + the writing process's pid + "-" + mkdtemp's suffix
+ABANDONED_AFTER_S = 3600.0  # a sync's file lives seconds; a folder this old whose writer is gone was abandoned
 
 
 def check_tensor_parallel_model(size: int, model_path: str | Path) -> None:
@@ -64,7 +70,9 @@ def shared_weights_file(named_tensors: NamedTensors) -> Iterator[str]:
     from safetensors.torch import save_file
 
     tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}
-    folder = tempfile.mkdtemp(prefix="rlflow-weights-", dir=_folder_with_room(sum(map(tensor_nbytes, tensors.values()))))
+    parent = _folder_with_room(sum(map(tensor_nbytes, tensors.values())))
+    remove_abandoned_sync_folders(Path(parent or tempfile.gettempdir()))
+    folder = tempfile.mkdtemp(prefix=f"{SYNC_FOLDER_PREFIX}{os.getpid()}-", dir=parent)
     try:
         path = os.path.join(folder, "weights.safetensors")
         save_file(tensors, path)
@@ -82,3 +90,47 @@ def _folder_with_room(nbytes: int) -> str | None:
         return None
     return str(SHARED_MEMORY_DIR) if free > nbytes * 1.25 else None
 
+
+
+def remove_abandoned_sync_folders(parent: Path) -> list[str]:
+    """Remove the sync folders in ``parent`` that a killed process left (named with a pid no process has,
+    untouched for ``ABANDONED_AFTER_S``); the names removed. The age guards a live writer in another pid
+    namespace sharing the folder; anything not named as rlflow names its sync folders is never touched."""
+    removed = []
+    for entry in _entries(parent):
+        pid = _writer_pid(entry.name)
+        if pid is None or _process_exists(pid) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if time.time() - entry.stat(follow_symlinks=False).st_mtime > ABANDONED_AFTER_S:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.name)
+        except OSError:
+            continue  # gone meanwhile
+    return removed
+
+
+def _entries(parent: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(parent) as entries:
+            return list(entries)
+    except OSError:
+        return []
+
+
+def _writer_pid(name: str) -> int | None:
+    """The pid in a sync folder's name, or None for any other name."""
+    if not name.startswith(SYNC_FOLDER_PREFIX):
+        return None
+    pid, _, suffix = name[len(SYNC_FOLDER_PREFIX):].partition("-")
+    return int(pid) if pid.isdigit() and suffix else None
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True

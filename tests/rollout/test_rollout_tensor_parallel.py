@@ -10,6 +10,9 @@ build's repack of tied layers reaching the shard processes.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import psutil
 import pytest
@@ -23,7 +26,8 @@ from rlflow.models.hf_checkpoint import load_causal_lm
 from rlflow.models.loading import load_tokenizer
 from rlflow.models.presets import build_preset
 from rlflow.rollout import build_rollout
-from rlflow.rollout.tensor_parallel import check_tensor_parallel_model, shared_weights_file
+from rlflow.rollout.tensor_parallel import (ABANDONED_AFTER_S, check_tensor_parallel_model,
+                                            remove_abandoned_sync_folders, shared_weights_file)
 from rlflow.rollout.vllm_cpu_compat import THREADS_BIND_ENV, tensor_parallel_binding
 
 TOLERANCE = 1e-4  # fp32 engine vs fp32 HF forward (the tied-sync test's bound)
@@ -112,3 +116,20 @@ def test_the_shared_weights_file_holds_the_sync_and_is_removed_however_the_block
         with shared_weights_file(iter(tensors)) as path:
             raise RuntimeError("the load failed")
     assert not os.path.exists(os.path.dirname(path))
+
+
+def test_a_sync_folder_left_by_a_killed_process_is_removed_and_nothing_else(tmp_path):
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, alive = int(finished.stdout), os.getpid()
+    old = time.time() - ABANDONED_AFTER_S - 60
+    folders = {name: tmp_path / name for name in (f"rlflow-weights-{dead}-old", f"rlflow-weights-{dead}-new",
+                                                  f"rlflow-weights-{alive}-old", "rlflow-weights-x1y2", "other-1-old")}
+    for name, folder in folders.items():
+        folder.mkdir()
+        (folder / "weights.safetensors").write_bytes(b"x")
+        if name.endswith("old"):
+            os.utime(folder, (old, old))
+    assert remove_abandoned_sync_folders(tmp_path) == [f"rlflow-weights-{dead}-old"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(set(folders) - {f"rlflow-weights-{dead}-old"})
+    with shared_weights_file(iter([("a", torch.ones(2))])) as path:
+        assert os.path.basename(os.path.dirname(path)).startswith(f"rlflow-weights-{alive}-")
