@@ -91,7 +91,6 @@ def _folder_with_room(nbytes: int) -> str | None:
     return str(SHARED_MEMORY_DIR) if free > nbytes * 1.25 else None
 
 
-
 def remove_abandoned_sync_folders(parent: Path) -> list[str]:
     """Remove the sync folders in ``parent`` that a killed process left (named with a pid no process has,
     untouched for ``ABANDONED_AFTER_S``); the names removed. The age guards a live writer in another pid
