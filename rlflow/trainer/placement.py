@@ -222,8 +222,8 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
         return RayWorkerGroup(_pool(config.trainer, name, procs, wait_s, devices), spec, name=name,
                               timeouts=group_timeouts(config.trainer.timeouts))
 
-    def start(name: str, spec: WorkerSpec, procs: int) -> RoleHandle:
-        groups.append(group(name, spec, procs))
+    def start(name: str, spec: WorkerSpec, procs: int, devices: int = 1) -> RoleHandle:
+        groups.append(group(name, spec, procs, devices=devices))
         return groups[-1].role("main")
 
     procs = config.trainer.n_procs_per_node
@@ -235,8 +235,7 @@ def _place_split(config: Any, model_path: Path, use_ref: bool, use_critic: bool)
                                config.rollout) if config.async_training.restart_rollout else None
     try:
         actor = start("actor", WorkerSpec(Actor, config.actor, str(model_path)), procs)
-        groups.append(group("rollout", rollout_spec, rollout_procs, devices=shards))
-        rollout = groups[-1].role("main")
+        rollout = start("rollout", rollout_spec, rollout_procs, devices=shards)
         ref = None
         if use_ref and reference_is_base_model(config.actor):
             ref = actor  # a LoRA actor is its own reference (its base model): no second copy of the model
